@@ -1,0 +1,23 @@
+# remax-bench: ReMax across RL frameworks, one dataset, reward, initial policy and set of seeds.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "workflows/config/cpu.yaml"
+
+
+report: "workflows/report/workflow.rst"
+
+
+include: "workflows/rules/common.smk"
+include: "workflows/rules/inputs.smk"
+include: "workflows/rules/run.smk"
+include: "workflows/rules/ingest.smk"
+include: "workflows/rules/summarize.smk"
+include: "workflows/rules/report.smk"
+
+
+rule all:
+    input:
+        final_outputs(),

@@ -1,0 +1,160 @@
+"""`remax-bench`: one subcommand per stage of the data flow (DESIGN.md); Snakemake rules are thin calls of these.
+
+Bad input exits 2 with a message naming the file, line or key; nothing partial is left as if complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from harness import HarnessError  # noqa: E402
+
+DEFAULT_INPUTS = "results/inputs"
+
+
+def _config(args):
+    from harness.config import load_config
+
+    return load_config(args.config)
+
+
+def cmd_freeze_config(args) -> None:
+    from harness.config import validate_config
+    from harness.io import write_json
+
+    try:
+        raw = json.loads(args.json)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"--json: not valid JSON ({e})") from None
+    write_json(args.out, validate_config(raw, source="snakemake config"))
+
+
+def cmd_inputs(args) -> None:
+    from harness import inputs
+
+    build = {"dataset": inputs.build_dataset, "policy": inputs.build_policy}[args.what]
+    print(f"{args.what}: sha256 {build(_config(args), args.inputs)}")
+
+
+def cmd_run(args) -> None:
+    from harness.frameworks import get_adapter
+
+    adapter = get_adapter(args.framework)
+    if adapter.run is None:
+        raise HarnessError(f"framework {args.framework!r} is not embedded: use `remax-bench plan {args.framework}` "
+                           "and launch it with its own environment")
+    adapter.run(_config(args), args.seed, Path(args.out), Path(args.inputs))
+
+
+def cmd_plan(args) -> None:
+    from harness.frameworks import get_adapter
+
+    adapter = get_adapter(args.framework)
+    if adapter.plan is None:
+        raise HarnessError(f"framework {args.framework!r} is embedded: use `remax-bench run {args.framework}`")
+    adapter.plan(_config(args), args.seed, Path(args.out), Path(args.inputs))
+
+
+def cmd_ingest(args) -> None:
+    from harness.frameworks import get_adapter
+    from harness.metrics import write_metrics
+
+    adapter = get_adapter(args.framework)
+    logs = []
+    for log in map(Path, args.logs):
+        found = sorted(log.glob(adapter.log_glob)) if log.is_dir() else [log]
+        if not found or not all(p.is_file() for p in found):
+            raise HarnessError(f"{log}: no {adapter.name} log found" + (f" ({adapter.log_glob})" if log.is_dir() else ""))
+        logs += found
+    df = adapter.ingest(logs, args.n_gpus)
+    write_metrics(df, args.out)
+    print(f"{args.out}: {len(df)} steps from {len(logs)} log(s)")
+
+
+def cmd_summarize(args) -> None:
+    from harness.io import atomic_path
+    from harness.summarize import summarize
+
+    config = _config(args)
+    evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
+    summary = summarize([Path(p) for p in args.metrics], evals, config["remax"]["warmup_steps"])
+    with atomic_path(args.out) as tmp:
+        summary.to_csv(tmp, index=False)
+    print(summary.to_string(index=False))
+
+
+def cmd_report(args) -> None:
+    from harness.report import render
+
+    render(args.results_dir, args.out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="remax-bench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp):
+        sp.add_argument("--config", required=True, help="config YAML/JSON (validated against the schema)")
+
+    sp = sub.add_parser("freeze-config", help="validate a config given as JSON, fill defaults, write it")
+    sp.add_argument("--json", required=True)
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_freeze_config)
+
+    sp = sub.add_parser("inputs", help="build one shared input (with its .sha256)")
+    sp.add_argument("what", choices=["dataset", "policy"])
+    with_config(sp)
+    sp.add_argument("--inputs", default=DEFAULT_INPUTS, help="inputs directory (default: %(default)s)")
+    sp.set_defaults(func=cmd_inputs)
+
+    for name, func, help_ in (("run", cmd_run, "run an embedded backend"),
+                              ("plan", cmd_plan, "write a real framework's launch directory, without running it")):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("framework")
+        with_config(sp)
+        sp.add_argument("--seed", type=int, required=True)
+        sp.add_argument("--out", required=True)
+        sp.add_argument("--inputs", default=DEFAULT_INPUTS, help="inputs directory (default: %(default)s)")
+        sp.set_defaults(func=func)
+
+    sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
+    sp.add_argument("framework")
+    sp.add_argument("logs", nargs="+", help="log files, or run directories")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--n-gpus", type=int, default=None)
+    sp.set_defaults(func=cmd_ingest)
+
+    sp = sub.add_parser("summarize", help="per-run summaries (after warm-up) -> CSV")
+    with_config(sp)
+    sp.add_argument("--metrics", nargs="+", required=True, help="common-schema parquet files")
+    sp.add_argument("--runs", nargs="*", default=[],
+                    help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_summarize)
+
+    sp = sub.add_parser("report", help="throughput table and reward curves from a results directory")
+    sp.add_argument("results_dir")
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except HarnessError as e:
+        print(f"remax-bench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

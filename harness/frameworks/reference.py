@@ -1,0 +1,214 @@
+"""The embedded reference ReMax backend: small, readable, runs anywhere (CUDA when present, else CPU).
+
+It keeps a rollout model and a trainer model apart, as the real frameworks keep a generation engine and a
+training engine apart, so moving updated weights into the rollout model is a real, timed transition.
+One iteration: sample n responses per prompt and one greedy response per prompt (the baseline) with the
+rollout model; score both with the shared reward; reference-policy log-probs for the KL penalty; one
+REINFORCE update of the trainer (harness.remax); copy the new weights into the rollout model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+import harness
+from harness import HarnessError, metrics, remax, reward, task
+from harness.frameworks import Adapter, register_framework
+from harness.inputs import resolve_inputs
+from harness.io import atomic_path, write_json
+from harness.manifest import build_manifest
+from harness.policy import load_policy, seed_everything, token_logprobs
+
+NAME = "reference"
+STEP_LOG = "steps.jsonl"
+
+
+def _device(requested: str) -> torch.device:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("config: at reference.device: 'cuda' requested but no CUDA device is available")
+    return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+class _Clock:
+    """Wall-clock timer that synchronizes the device first, so queued kernels are counted where they ran."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def _generate(model, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
+    enc = tokenizer(prompts, padding=True, return_tensors="pt").to(device)
+    ids, attn = enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0)
+    sampling = {"do_sample": False} if greedy else {
+        "do_sample": True, "temperature": remax_cfg["temperature"], "top_p": remax_cfg["top_p"], "top_k": 0}
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=attn, max_new_tokens=remax_cfg["max_response_length"],
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling,
+        )
+    response = out[:, ids.shape[1]:]
+    mask = remax.response_mask(response, tokenizer.eos_token_id)
+    return ids, attn, response, mask
+
+
+def _decode(tokenizer, response: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(response, mask)]
+
+
+def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: int, device) -> dict:
+    """Greedy accuracy and mean reward on `rows` (untimed; not part of any step)."""
+    hits, total = 0, 0.0
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i:i + batch_size]
+        _, _, response, mask = _generate(model, tokenizer, [r["prompt"] for r in batch], n=1, greedy=True,
+                                         remax_cfg=remax_cfg, device=device)
+        for r, text in zip(batch, _decode(tokenizer, response, mask)):
+            hits += reward.correct(text, r["answer"])
+            total += reward.score(r["prompt"], text, r["answer"])
+    return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
+
+
+@torch.no_grad()
+def _sync_weights(src, dst) -> None:
+    for p_dst, p_src in zip(dst.parameters(), src.parameters()):
+        p_dst.copy_(p_src)
+
+
+def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
+    """Train for config.remax.steps; write metrics.parquet, steps.jsonl, eval.json, manifest.json into out_dir.
+
+    The directory appears only when the run has finished: an interrupted run leaves nothing that looks complete.
+    """
+    inputs = resolve_inputs(inputs_dir)
+    dataset = task.read_dataset(inputs["dataset"]["path"])
+    rc, xc = config["remax"], config["reference"]
+    device = _device(xc["device"])
+    if device.type == "cpu" and xc["threads"]:
+        torch.set_num_threads(xc["threads"])
+    run_id = f"{NAME}-{config['profile']}-s{seed}"
+    framework_version = harness.__version__
+
+    seed_everything(seed)
+    trainer, tokenizer = load_policy(inputs["policy"]["path"], device)
+    rollout, _ = load_policy(inputs["policy"]["path"], device)
+    ref, _ = load_policy(inputs["policy"]["path"], device)
+    for frozen in (rollout, ref):
+        frozen.eval().requires_grad_(False)
+    trainer.train()
+    optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
+    clock = _Clock(device)
+    rng = random.Random(seed)
+    eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
+
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        rows = []
+        with open(tmp / STEP_LOG, "w") as log:
+            for step in range(1, rc["steps"] + 1):
+                rows.append(_iteration(step, rng.sample(dataset["train"], rc["train_batch_size"]),
+                                       trainer, rollout, ref, tokenizer, optimizer, rc, clock, device))
+                rows[-1].update(framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed,
+                                n_gpus=1 if device.type == "cuda" else 0)
+                log.write(json.dumps(rows[-1], sort_keys=True) + "\n")
+                log.flush()
+        eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
+        metrics.write_metrics(metrics.to_frame(rows, str(tmp / STEP_LOG)), tmp / "metrics.parquet")
+        write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after})
+        write_json(tmp / "manifest.json", build_manifest(
+            framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
+            inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads()},
+        ))
+
+
+def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device) -> dict:
+    n = rc["rollout_n"]
+    prompts = [r["prompt"] for r in batch]
+    t_start = clock.now()
+
+    ids, attn, response, mask = _generate(rollout, tokenizer, prompts, n=n, greedy=False, remax_cfg=rc, device=device)
+    _, _, greedy_response, greedy_mask = _generate(rollout, tokenizer, prompts, n=1, greedy=True, remax_cfg=rc,
+                                                   device=device)
+    t_gen = clock.now()
+
+    answers = [r["answer"] for r in batch for _ in range(n)]
+    scores = torch.tensor([reward.score(p, text, a) for p, text, a in
+                           zip([p for p in prompts for _ in range(n)], _decode(tokenizer, response, mask), answers)])
+    baselines = torch.tensor([reward.score(r["prompt"], text, r["answer"]) for r, text in
+                              zip(batch, _decode(tokenizer, greedy_response, greedy_mask))])
+    baselines_per_sample = baselines.repeat_interleave(n).to(device)
+    scores = scores.to(device)
+
+    full_ids = torch.cat([ids, response], 1)
+    full_attn = torch.cat([attn, mask.long()], 1)
+    start = ids.shape[1] - 1  # token_logprobs[:, t] scores token t + 1
+    with torch.no_grad():
+        ref_logprobs = token_logprobs(ref, full_ids, full_attn)[:, start:]
+    t_train = clock.now()
+    logprobs = token_logprobs(trainer, full_ids, full_attn)[:, start:]
+    kl = (logprobs.detach() - ref_logprobs) * mask
+    rewards = remax.token_level_rewards(scores, kl, mask, rc["kl_coef"])
+    advantages = remax.remax_advantages(rewards, baselines_per_sample, mask)
+    loss = remax.policy_gradient_loss(logprobs, advantages, mask)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainer.parameters(), rc["grad_clip"])
+    optimizer.step()
+    t_transition = clock.now()
+
+    _sync_weights(trainer, rollout)
+    t_end = clock.now()
+
+    response_tokens = mask.sum().item()
+    return {
+        "step": step,
+        "time_step_s": t_end - t_start,
+        "time_gen_s": t_gen - t_start,
+        "time_train_s": t_transition - t_train,
+        "time_transition_s": t_end - t_transition,
+        "tokens_prompt": attn.sum().item(),
+        "tokens_response": response_tokens,
+        "tokens_baseline": greedy_mask.sum().item(),
+        "reward_mean": scores.mean().item(),
+        "reward_baseline_mean": baselines.mean().item(),
+        "kl_mean": (kl.sum(-1)).mean().item(),
+        "response_length_mean": response_tokens / len(mask),
+        "loss": loss.item(),
+    }
+
+
+def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+    rows = []
+    for path in logs:
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise HarnessError(f"{path}:{lineno}: not a JSON step record ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
+                if n_gpus is not None:
+                    row["n_gpus"] = n_gpus
+                rows.append(row)
+    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+
+
+register_framework(Adapter(
+    name=NAME,
+    description="embedded reference ReMax backend (harness.frameworks.reference), CPU or one CUDA device",
+    ingest=ingest,
+    log_glob=STEP_LOG,
+    run=run,
+))

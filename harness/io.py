@@ -1,0 +1,96 @@
+"""Files written whole or not at all, and the hashes that tie every run to its inputs."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from harness import HarnessError
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of `dest` (file or directory); rename it over `dest` only on success.
+
+    A crash or an exception leaves `dest` as it was, so nothing half-written ever looks complete.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
+    try:
+        yield tmp
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+
+
+def write_text(dest: str | os.PathLike, text: str) -> None:
+    with atomic_path(dest) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(dest: str | os.PathLike, obj) -> None:
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike) -> str:
+    """Hash of a file, or of a directory as its sorted (relative path, file hash) pairs.
+
+    Hidden files are left out: workflow managers drop markers into directory outputs (Snakemake's
+    `.snakemake_timestamp`), and they are not part of the input.
+    """
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    if not path.is_dir():
+        raise HarnessError(f"{path}: input is missing")
+    h = hashlib.sha256()
+    files = (p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    for f in sorted(files):
+        h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def sidecar(path: str | os.PathLike) -> Path:
+    return Path(f"{path}.sha256")
+
+
+def record_hash(path: str | os.PathLike) -> str:
+    """Write `<path>.sha256` in sha256sum format and return the digest."""
+    digest = sha256_tree(path)
+    write_text(sidecar(path), f"{digest}  {Path(path).name}\n")
+    return digest
+
+
+def verify_hash(path: str | os.PathLike) -> str:
+    """The digest of an input built by the pipeline, checked against the one recorded when it was built."""
+    path = Path(path)
+    if not path.exists():
+        raise HarnessError(f"{path}: input is missing (build it with the pipeline's inputs rules)")
+    side = sidecar(path)
+    if not side.is_file():
+        raise HarnessError(f"{side}: no recorded sha256 for input {path}")
+    recorded = side.read_text().split()[0] if side.read_text().split() else ""
+    actual = sha256_tree(path)
+    if actual != recorded:
+        raise HarnessError(
+            f"{path}: sha256 mismatch (recorded in {side}: {recorded or 'nothing'}, actual: {actual}); "
+            "the input was changed or corrupted after it was built: rebuild it"
+        )
+    return actual

@@ -1,0 +1,77 @@
+"""Provenance of a run: what code, which inputs (by sha256), which machine, which seed and config."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import harness
+from harness.config import config_hash
+
+PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "pandas", "pyarrow")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    out = {"harness": harness.__version__, "python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> dict:
+    def git(*args):
+        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"commit": None, "dirty": None}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware() -> dict:
+    hw = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "machine": platform.machine(), "gpus": []}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return hw
+
+
+def build_manifest(*, framework: str, framework_version: str, run_id: str, seed: int, config: dict,
+                   inputs: dict[str, dict], extra: dict | None = None) -> dict:
+    return {
+        "framework": framework,
+        "framework_version": framework_version,
+        "run_id": run_id,
+        "seed": seed,
+        "profile": config["profile"],
+        "config_hash": config_hash(config),
+        "config": config,
+        "inputs": inputs,
+        "versions": package_versions(),
+        "hardware": hardware(),
+        "git": git_commit(),
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }

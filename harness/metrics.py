@@ -1,0 +1,77 @@
+"""The common per-step schema (DESIGN.md): one row per optimizer step of one run, whatever produced it.
+
+Throughput is derived here, never taken from a framework: (prompt + sampled-response tokens) / step time,
+aggregate over the run's accelerators (the HybridFlow definition), and per accelerator beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.io import atomic_path
+
+IDENTITY = {"framework": "string", "framework_version": "string", "run_id": "string", "seed": "int64"}
+MEASURED = {
+    "step": "int64",
+    "n_gpus": "int64",
+    "time_step_s": "float64",
+    "time_gen_s": "float64",
+    "time_transition_s": "float64",
+    "time_train_s": "float64",
+    "tokens_prompt": "float64",
+    "tokens_response": "float64",
+    "tokens_baseline": "float64",
+    "reward_mean": "float64",
+    "reward_baseline_mean": "float64",
+    "kl_mean": "float64",
+    "response_length_mean": "float64",
+}
+DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64"}
+SCHEMA = {**IDENTITY, **MEASURED, **DERIVED}
+# Kept beside the derived figure for a cross-check where a framework reports its own (optional).
+FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
+
+
+def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
+    """Per-step records -> the common schema, with derived throughput; raise naming `source` if anything is off."""
+    if not rows:
+        raise HarnessError(f"{source}: no step records found")
+    df = pd.DataFrame(rows)
+    missing = [c for c in {**IDENTITY, **MEASURED} if c not in df.columns]
+    if missing:
+        raise HarnessError(f"{source}: step records lack {', '.join(missing)}")
+    step_time = df["time_step_s"].astype("float64")
+    if (step_time <= 0).any() or step_time.isna().any():
+        bad = int(df.loc[(step_time <= 0) | step_time.isna(), "step"].iloc[0])
+        raise HarnessError(f"{source}: step {bad}: time_step_s must be a positive number")
+    tokens = df["tokens_prompt"].astype("float64") + df["tokens_response"].astype("float64")
+    df["throughput_tok_s"] = tokens / step_time
+    # A CPU run (0 accelerators) has no per-GPU figure.
+    df["throughput_tok_s_per_gpu"] = df["throughput_tok_s"] / df["n_gpus"].where(df["n_gpus"] > 0)
+    extra = [c for c in df.columns if c not in SCHEMA and c != FRAMEWORK_THROUGHPUT]
+    df = df.drop(columns=extra)
+    df = df.astype({c: t for c, t in SCHEMA.items()})
+    if df["step"].duplicated().any():
+        raise HarnessError(f"{source}: step {int(df.loc[df['step'].duplicated(), 'step'].iloc[0])} appears twice")
+    return df.sort_values("step", ignore_index=True)
+
+
+def write_metrics(df: pd.DataFrame, dest: str | Path) -> None:
+    with atomic_path(dest) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def read_metrics(path: str | Path) -> pd.DataFrame:
+    try:
+        df = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise HarnessError(f"{path}: metrics file not found") from None
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise HarnessError(f"{path}: not a readable parquet file ({e})") from None
+    missing = [c for c in SCHEMA if c not in df.columns]
+    if missing:
+        raise HarnessError(f"{path}: not in the common schema (missing {', '.join(missing)})")
+    return df

@@ -1,0 +1,143 @@
+"""The initial policy: a tokenizer trained here, a small Llama built from the config, a short SFT warm start.
+
+Saved with `save_pretrained`, so the checkpoint directory is what real frameworks load (config.json,
+model.safetensors, tokenizer.json with its chat template).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from harness import HarnessError
+from harness.io import atomic_path
+
+SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+# Chat-format prompts (verl, OpenRLHF) render to exactly the plain prompt text, so every framework sees the same tokens.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """BPE over the task text; digits are split one per token (as arithmetic-capable tokenizers do)."""
+    tok = Tokenizer(models.BPE(unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.Digits(individual_digits=True)
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL.values())))
+    bos = SPECIAL["bos_token"]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side="left", **SPECIAL)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_policy(tokenizer: PreTrainedTokenizerFast, policy: dict, max_positions: int) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=policy["hidden_size"],
+        intermediate_size=policy["intermediate_size"],
+        num_hidden_layers=policy["num_layers"],
+        num_attention_heads=policy["num_heads"],
+        num_key_value_heads=policy["num_heads"],
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted from the first real token, so left padding does not shift them (as in HF generate)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1; shape (batch, seq - 1)."""
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+    ).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def encode_pairs(tokenizer, prompts: list[str], completions: list[str]):
+    """Left-padded bos+prompt+completion+eos, and a mask over the completion+eos targets (aligned with token_logprobs)."""
+    seqs, n_prompt = [], []
+    for p, c in zip(prompts, completions):
+        ids_p = tokenizer(p)["input_ids"]
+        ids_c = tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(ids_p + ids_c)
+        n_prompt.append(len(ids_p))
+    width = max(map(len, seqs))
+    input_ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    target_mask = torch.zeros((len(seqs), width - 1))
+    for i, (s, n_p) in enumerate(zip(seqs, n_prompt)):
+        input_ids[i, width - len(s):] = torch.tensor(s)
+        attention_mask[i, width - len(s):] = 1
+        target_mask[i, width - len(s) + n_p - 1:] = 1
+    return input_ids, attention_mask, target_mask
+
+
+def supervised_warm_start(model, tokenizer, train_rows: list[dict], sft: dict) -> list[float]:
+    """A short SFT phase on the train split (loss on answer tokens only); returns the loss per step."""
+    seed_everything(sft["seed"])
+    rng = random.Random(sft["seed"])
+    opt = torch.optim.AdamW(model.parameters(), lr=sft["lr"])
+    model.train()
+    losses = []
+    for _ in range(sft["steps"]):
+        batch = rng.sample(train_rows, min(sft["batch_size"], len(train_rows)))
+        ids, attn, target = encode_pairs(tokenizer, [r["prompt"] for r in batch], [r["answer"] for r in batch])
+        loss = -(token_logprobs(model, ids, attn) * target).sum() / target.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) -> dict:
+    """Tokenizer + model + SFT, saved whole to `dest` (atomically). Returns a small record of how it was made."""
+    seed_everything(config["policy"]["sft"]["seed"])
+    train = dataset["train"]
+    start = time.perf_counter()
+    tokenizer = train_tokenizer([r["prompt"] + r["answer"] for r in train], config["tokenizer"]["vocab_size"])
+    longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for split in dataset.values() for r in split)
+    max_positions = longest_prompt + config["remax"]["max_response_length"] + 1
+    model = build_policy(tokenizer, config["policy"], max_positions)
+    losses = supervised_warm_start(model, tokenizer, train, config["policy"]["sft"])
+    with atomic_path(dest) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "sft_steps": len(losses),
+        "sft_loss_first": losses[0] if losses else None,
+        "sft_loss_last": losses[-1] if losses else None,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise HarnessError(f"{path}: not a saved policy (no config.json)")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    model = LlamaForCausalLM.from_pretrained(path).to(device)
+    return model, tokenizer

@@ -1,0 +1,86 @@
+"""Per-run summaries from common-schema metrics: medians over measured steps (after warm-up).
+
+One row per run; the per-framework view (median over seeds, spread) is built from these rows by the report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness import HarnessError
+from harness.metrics import read_metrics
+
+TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
+
+
+def edge_means(series: pd.Series, fraction: float = 0.1) -> tuple[float, float]:
+    """Mean of the first and of the last `fraction` of a curve (at least one point each)."""
+    k = max(1, int(round(len(series) * fraction)))
+    return float(series.iloc[:k].mean()), float(series.iloc[-k:].mean())
+
+
+def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
+    measured = df[df["step"] > warmup_steps]
+    if measured.empty:
+        raise HarnessError(
+            f"run {df['run_id'].iloc[0]}: no step after the {warmup_steps} warm-up steps (it has {len(df)} steps)")
+    first, last = edge_means(df["reward_mean"])
+    row = {c: df[c].iloc[0] for c in ("framework", "framework_version", "run_id", "seed", "n_gpus")}
+    row.update(
+        steps=int(df["step"].max()),
+        measured_steps=len(measured),
+        throughput_tok_s=float(measured["throughput_tok_s"].median()),
+        throughput_tok_s_per_gpu=float(measured["throughput_tok_s_per_gpu"].median()),
+        **{f"{c}_median": float(measured[c].median()) for c in TIMES},
+        time_transition_s_p90=float(measured["time_transition_s"].quantile(0.9)),
+        wall_time_s=float(df["time_step_s"].sum()),
+        reward_first10=first,
+        reward_last10=last,
+        reward_gain=last - first,
+    )
+    return row
+
+
+def read_eval(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return {"run_id": data["run_id"],
+                "eval_accuracy_before": data["before"]["greedy_accuracy"],
+                "eval_accuracy_after": data["after"]["greedy_accuracy"]}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise HarnessError(f"{path}: not an eval record ({e})") from None
+
+
+def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int) -> pd.DataFrame:
+    if not metric_files:
+        raise HarnessError("summarize: no metrics files given")
+    rows = [summarize_run(read_metrics(p), warmup_steps) for p in metric_files]
+    summary = pd.DataFrame(rows)
+    if summary["run_id"].duplicated().any():
+        raise HarnessError(f"summarize: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} given twice")
+    evals = pd.DataFrame([read_eval(p) for p in eval_files],
+                         columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
+    summary = summary.merge(evals, on="run_id", how="left")
+    return summary.sort_values(["framework", "seed"], ignore_index=True)
+
+
+def by_framework(summary: pd.DataFrame) -> pd.DataFrame:
+    """Median over seeds with min-max spread; speed relative to the slowest framework (the shared-table form)."""
+    g = summary.groupby(["framework", "framework_version", "n_gpus"], sort=False)
+    table = g.agg(
+        seeds=("seed", "nunique"),
+        tokens_per_s=("throughput_tok_s", "median"),
+        tokens_per_s_min=("throughput_tok_s", "min"),
+        tokens_per_s_max=("throughput_tok_s", "max"),
+        tokens_per_s_per_gpu=("throughput_tok_s_per_gpu", "median"),
+        transition_s_median=("time_transition_s_median", "median"),
+        reward_gain=("reward_gain", "median"),
+        eval_accuracy_before=("eval_accuracy_before", "median"),
+        eval_accuracy_after=("eval_accuracy_after", "median"),
+    ).reset_index()
+    table["relative"] = table["tokens_per_s"] / table["tokens_per_s"].min()
+    return table.sort_values("tokens_per_s", ignore_index=True).replace({np.inf: np.nan})

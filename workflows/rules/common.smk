@@ -1,0 +1,42 @@
+import json
+import os
+
+from harness.config import validate_config
+from harness.frameworks import get_adapter
+
+# Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.
+config.update(validate_config(config, source="snakemake config"))
+
+# Timed runs hold the one `timed_run` slot, so two timed runs never overlap on a machine; untimed jobs may.
+workflow.register_resource("timed_run", 1)
+
+RESULTS = "results"
+INPUTS = f"{RESULTS}/inputs"
+FRAMEWORKS = config["frameworks"]
+SEEDS = config["seeds"]
+
+
+wildcard_constraints:
+    framework="|".join(FRAMEWORKS),
+    seed=r"\d+",
+
+
+def run_dirs(framework):
+    return expand(f"{RESULTS}/runs/{framework}/seed{{seed}}", seed=SEEDS)
+
+
+def metric_files():
+    return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in FRAMEWORKS for s in SEEDS]
+
+
+def embedded_run_dirs():
+    return [d for fw in FRAMEWORKS if get_adapter(fw).run is not None for d in run_dirs(fw)]
+
+
+def final_outputs():
+    return [
+        f"{RESULTS}/summary.csv",
+        f"{RESULTS}/report/throughput.md",
+        f"{RESULTS}/report/throughput.csv",
+        f"{RESULTS}/report/reward_curve.png",
+    ]

@@ -1,0 +1,46 @@
+rule freeze_config:
+    output:
+        f"{RESULTS}/config.json",
+    log:
+        f"{RESULTS}/logs/freeze_config.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        config=json.dumps(config, sort_keys=True),
+    shell:
+        "remax-bench freeze-config --json {params.config:q} --out {output} > {log} 2>&1"
+
+
+rule dataset:
+    input:
+        config=rules.freeze_config.output[0],
+    output:
+        data=f"{INPUTS}/dataset.jsonl",
+        sha=f"{INPUTS}/dataset.jsonl.sha256",
+    log:
+        f"{RESULTS}/logs/inputs/dataset.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        inputs=lambda w, output: os.path.dirname(output.data),
+    shell:
+        "remax-bench inputs dataset --config {input.config} --inputs {params.inputs} > {log} 2>&1"
+
+
+rule policy:
+    input:
+        config=rules.freeze_config.output[0],
+        data=rules.dataset.output.data,
+        sha=rules.dataset.output.sha,
+    output:
+        model=directory(f"{INPUTS}/policy"),
+        sha=f"{INPUTS}/policy.sha256",
+        record=f"{INPUTS}/policy.build.json",
+    log:
+        f"{RESULTS}/logs/inputs/policy.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        inputs=lambda w, output: os.path.dirname(output.sha),
+    shell:
+        "remax-bench inputs policy --config {input.config} --inputs {params.inputs} > {log} 2>&1"

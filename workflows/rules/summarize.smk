@@ -1,0 +1,14 @@
+rule summarize:
+    input:
+        config=rules.freeze_config.output[0],
+        metrics=metric_files(),
+        runs=embedded_run_dirs(),
+    output:
+        f"{RESULTS}/summary.csv",
+    log:
+        f"{RESULTS}/logs/summarize.log",
+    conda:
+        "../envs/harness.yaml"
+    shell:
+        "remax-bench summarize --config {input.config} --metrics {input.metrics} --runs {input.runs}"
+        " --out {output} > {log} 2>&1"
