@@ -51,9 +51,7 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     df["throughput_tok_s"] = tokens / step_time
     # A CPU run (0 accelerators) has no per-GPU figure.
     df["throughput_tok_s_per_gpu"] = df["throughput_tok_s"] / df["n_gpus"].where(df["n_gpus"] > 0)
-    extra = [c for c in df.columns if c not in SCHEMA and c != FRAMEWORK_THROUGHPUT]
-    df = df.drop(columns=extra)
-    df = df.astype({c: t for c, t in SCHEMA.items()})
+    df = df[list(SCHEMA) + [c for c in (FRAMEWORK_THROUGHPUT,) if c in df.columns]].astype(SCHEMA)
     if df["step"].duplicated().any():
         raise HarnessError(f"{source}: step {int(df.loc[df['step'].duplicated(), 'step'].iloc[0])} appears twice")
     return df.sort_values("step", ignore_index=True)

@@ -111,6 +111,7 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
     clock = _Clock(device)
     rng = random.Random(seed)
     eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
+    started = time.time()
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -123,12 +124,14 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
                                 n_gpus=1 if device.type == "cuda" else 0)
                 log.write(json.dumps(rows[-1], sort_keys=True) + "\n")
                 log.flush()
+        finished = time.time()
         eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
         metrics.write_metrics(metrics.to_frame(rows, str(tmp / STEP_LOG)), tmp / "metrics.parquet")
         write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after})
         write_json(tmp / "manifest.json", build_manifest(
             framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
-            inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads()},
+            inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads(),
+                   "timed_window": {"start": started, "end": finished}},
         ))
 
 
