@@ -90,6 +90,12 @@ def cmd_summarize(args) -> None:
     print(summary.to_string(index=False))
 
 
+def cmd_env(args) -> None:
+    from harness.envs import ensure_env
+
+    print(ensure_env(args.name))
+
+
 def cmd_report(args) -> None:
     from harness.report import render
 
@@ -138,6 +144,10 @@ def parser() -> argparse.ArgumentParser:
                     help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
     sp.add_argument("--out", required=True)
     sp.set_defaults(func=cmd_summarize)
+
+    sp = sub.add_parser("env", help="build (once) the pinned environment workflows/envs/NAME.txt; print its python")
+    sp.add_argument("name")
+    sp.set_defaults(func=cmd_env)
 
     sp = sub.add_parser("report", help="throughput table and reward curves from a results directory")
     sp.add_argument("results_dir")

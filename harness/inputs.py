@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from harness import reward, task
-from harness.io import record_hash, sha256_file, verify_hash, write_json
+from harness import HarnessError, reward, task
+from harness.io import atomic_path, record_hash, sha256_file, verify_hash, write_json
 from harness.policy import make_policy
 
 DATASET = "dataset.jsonl"
@@ -20,7 +20,10 @@ def build_dataset(config: dict, inputs_dir: str | Path) -> str:
 
 
 def build_policy(config: dict, inputs_dir: str | Path) -> str:
+    """Build the initial policy, or link the checkpoint at `policy.path`; either way record its sha256."""
     inputs_dir = Path(inputs_dir)
+    if config["policy"]["path"]:
+        return link_policy(Path(config["policy"]["path"]), inputs_dir / POLICY)
     verify_hash(inputs_dir / DATASET)
     dataset = task.read_dataset(inputs_dir / DATASET)
     record = make_policy(dataset, config, inputs_dir / POLICY)
@@ -36,3 +39,12 @@ def resolve_inputs(inputs_dir: str | Path) -> dict[str, dict]:
     reward_src = inspect.getsourcefile(reward)
     out["reward"] = {"path": f"{reward.__name__}.score", "sha256": sha256_file(reward_src)}
     return out
+
+
+def link_policy(checkpoint: Path, dest: Path) -> str:
+    if not (checkpoint / "config.json").is_file():
+        raise HarnessError(f"config: at policy.path: {checkpoint} is not a Hugging Face checkpoint directory "
+                           "(no config.json)")
+    with atomic_path(dest) as tmp:
+        tmp.symlink_to(checkpoint.resolve(), target_is_directory=True)
+    return record_hash(dest)

@@ -55,7 +55,7 @@ def sha256_tree(path: str | os.PathLike) -> str:
     Hidden files are left out: workflow managers drop markers into directory outputs (Snakemake's
     `.snakemake_timestamp`), and they are not part of the input.
     """
-    path = Path(path)
+    path = Path(path).resolve()  # an input may be a link to a checkpoint kept elsewhere
     if path.is_file():
         return sha256_file(path)
     if not path.is_dir():

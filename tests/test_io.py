@@ -42,3 +42,20 @@ def test_missing_input_and_missing_record_are_named(tmp_path):
     write_text(tmp_path / "dataset.jsonl", "{}\n")
     with pytest.raises(HarnessError, match="dataset.jsonl.sha256: no recorded sha256"):
         verify_hash(tmp_path / "dataset.jsonl")
+
+
+def test_an_external_checkpoint_is_linked_and_hashed_like_a_built_policy(tmp_path):
+    from harness.config import validate_config
+    from harness.inputs import build_policy
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    inputs = tmp_path / "inputs"
+    digest = build_policy(validate_config({"policy": {"path": str(ckpt)}}), inputs)
+    assert (inputs / "policy").is_symlink() and verify_hash(inputs / "policy") == digest
+    (ckpt / "config.json").write_text('{"changed": 1}')
+    with pytest.raises(HarnessError, match="sha256 mismatch"):
+        verify_hash(inputs / "policy")
+    with pytest.raises(HarnessError, match=r"at policy.path: .* \(no config.json\)"):
+        build_policy(validate_config({"policy": {"path": str(tmp_path)}}), inputs)

@@ -80,6 +80,14 @@ def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: in
     return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
 
 
+def _busy_wait(seconds: float) -> None:
+    """Extra CPU work for `seconds`: a known, injected slowdown to prove that regression checks catch one."""
+    end = time.perf_counter() + seconds
+    x = torch.ones(64, 64)
+    while time.perf_counter() < end:
+        x = (x @ x).clamp_(max=1.0)
+
+
 @torch.no_grad()
 def _sync_weights(src, dst) -> None:
     for p_dst, p_src in zip(dst.parameters(), src.parameters()):
@@ -119,7 +127,8 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
         with open(tmp / STEP_LOG, "w") as log:
             for step in range(1, rc["steps"] + 1):
                 rows.append(_iteration(step, rng.sample(dataset["train"], rc["train_batch_size"]),
-                                       trainer, rollout, ref, tokenizer, optimizer, rc, clock, device))
+                                       trainer, rollout, ref, tokenizer, optimizer, rc, clock, device,
+                                       xc["inject_slowdown"]))
                 rows[-1].update(framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed,
                                 n_gpus=1 if device.type == "cuda" else 0)
                 log.write(json.dumps(rows[-1], sort_keys=True) + "\n")
@@ -135,7 +144,7 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
         ))
 
 
-def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device) -> dict:
+def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, slowdown) -> dict:
     n = rc["rollout_n"]
     prompts = [r["prompt"] for r in batch]
     t_start = clock.now()
@@ -171,6 +180,8 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
     t_transition = clock.now()
 
     _sync_weights(trainer, rollout)
+    if slowdown:
+        _busy_wait(slowdown * (clock.now() - t_start))
     t_end = clock.now()
 
     response_tokens = mask.sum().item()

@@ -14,6 +14,9 @@ RESULTS = "results"
 INPUTS = f"{RESULTS}/inputs"
 FRAMEWORKS = config["frameworks"]
 SEEDS = config["seeds"]
+# Embedded backends run anywhere; real frameworks only where the profile has GPUs. The others are
+# still listed by the report, as not run, with the reason.
+RUNNABLE = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None or config["launch"]["gpus_per_node"] > 0]
 
 
 wildcard_constraints:
@@ -26,11 +29,11 @@ def run_dirs(framework):
 
 
 def metric_files():
-    return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in FRAMEWORKS for s in SEEDS]
+    return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in RUNNABLE for s in SEEDS]
 
 
 def embedded_run_dirs():
-    return [d for fw in FRAMEWORKS if get_adapter(fw).run is not None for d in run_dirs(fw)]
+    return [d for fw in RUNNABLE if get_adapter(fw).run is not None for d in run_dirs(fw)]
 
 
 def final_outputs():

@@ -1,0 +1,73 @@
+"""Shared test vectors for ReMax advantage conformance, and the reference side of every comparison.
+
+Each framework adapter runs its framework's own advantage code (imported from the installed framework, in the
+framework's environment) on these vectors and reports the difference from `reference_advantages` in one table
+(columns: framework, case, max_abs_diff, verdict, note) that the report shows. Differences are reported, not hidden.
+Vectors are plain lists so they cross process boundaries as JSON.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness import HarnessError
+from harness.remax import remax_advantages, token_level_rewards
+
+# Each case: 2-3 responses with masks (1 = response token incl. EOS), the task score per response (outcome cases)
+# or per token (dense case), the greedy baseline per response, per-token KL and its coefficient.
+CASES = {
+    "outcome": {
+        "description": "outcome reward on the last response token, no KL",
+        "mask": [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]],
+        "scores": [0.5, 1.0, 0.0],
+        "baselines": [1.0, 0.25, 0.0],
+        "kl": [[0.0] * 4] * 3,
+        "kl_coef": 0.0,
+    },
+    "outcome_kl_in_reward": {
+        "description": "outcome reward with the per-token KL penalty in the reward (k1, coefficient 0.1)",
+        "mask": [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]],
+        "scores": [0.5, 1.0, 0.0],
+        "baselines": [1.0, 0.25, 0.0],
+        "kl": [[0.2, -0.4, 1.0, 9.0], [0.1, 0.1, 0.1, 0.1], [0.3, 5.0, 5.0, 5.0]],
+        "kl_coef": 0.1,
+    },
+    "dense": {
+        "description": "dense per-token reward (multi-turn style): scores on several tokens, baseline = greedy total",
+        "mask": [[1, 1, 1, 0], [1, 1, 1, 1]],
+        "token_scores": [[0.25, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]],
+        "baselines": [0.5, 1.0],
+        "kl": [[0.0] * 4] * 2,
+        "kl_coef": 0.0,
+    },
+}
+
+
+def case_tensors(case: dict) -> dict[str, torch.Tensor]:
+    """The case as tensors: mask, token-level rewards (scores placed and KL subtracted), baselines."""
+    mask = torch.tensor(case["mask"], dtype=torch.float32)
+    kl = torch.tensor(case["kl"], dtype=torch.float32)
+    if "token_scores" in case:
+        rewards = torch.tensor(case["token_scores"], dtype=torch.float32) * mask - case["kl_coef"] * kl * mask
+    else:
+        rewards = token_level_rewards(torch.tensor(case["scores"], dtype=torch.float32), kl, mask, case["kl_coef"])
+    return {"mask": mask, "token_rewards": rewards, "baselines": torch.tensor(case["baselines"], dtype=torch.float32)}
+
+
+def reference_advantages(case: dict) -> torch.Tensor:
+    t = case_tensors(case)
+    return remax_advantages(t["token_rewards"], t["baselines"], t["mask"])
+
+
+def require_baselines(prompt_ids: list[str], baselines: dict[str, float]) -> list[float]:
+    """Greedy baselines in prompt order; stop with a clear error before training if any prompt lacks one.
+
+    verl fails late on a missing baseline (KeyError/TypeError deep in the advantage step); the harness checks first.
+    """
+    missing = [p for p in prompt_ids if p not in baselines or baselines[p] is None or math.isnan(baselines[p])]
+    if missing:
+        raise HarnessError(f"greedy baseline missing for {len(missing)} prompt(s) (first: {missing[0]!r}); "
+                           "ReMax needs one greedy reward per prompt before the advantage step")
+    return [float(baselines[p]) for p in prompt_ids]
