@@ -12,6 +12,7 @@ report: "workflows/report/workflow.rst"
 
 include: "workflows/rules/common.smk"
 include: "workflows/rules/inputs.smk"
+include: "workflows/rules/plan.smk"
 include: "workflows/rules/run.smk"
 include: "workflows/rules/ingest.smk"
 include: "workflows/rules/summarize.smk"

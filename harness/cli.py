@@ -62,6 +62,12 @@ def cmd_plan(args) -> None:
     adapter.plan(_config(args), args.seed, Path(args.out), Path(args.inputs))
 
 
+def cmd_launch(args) -> None:
+    from harness.launch import launch
+
+    launch(args.plan_dir, args.out, args.timeout_min)
+
+
 def cmd_ingest(args) -> None:
     from harness.frameworks import get_adapter
     from harness.metrics import write_metrics
@@ -92,8 +98,12 @@ def cmd_summarize(args) -> None:
 
 def cmd_env(args) -> None:
     from harness.envs import ensure_env
+    from harness.io import write_text
 
-    print(ensure_env(args.name))
+    python = ensure_env(args.name)
+    print(python)
+    if args.out:
+        write_text(args.out, f"{python}\n")
 
 
 def cmd_report(args) -> None:
@@ -130,6 +140,12 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--inputs", default=DEFAULT_INPUTS, help="inputs directory (default: %(default)s)")
         sp.set_defaults(func=func)
 
+    sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
+    sp.add_argument("plan_dir")
+    sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
+    sp.add_argument("--timeout-min", type=float, required=True)
+    sp.set_defaults(func=cmd_launch)
+
     sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
     sp.add_argument("framework")
     sp.add_argument("logs", nargs="+", help="log files, or run directories")
@@ -147,6 +163,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("env", help="build (once) the pinned environment workflows/envs/NAME.txt; print its python")
     sp.add_argument("name")
+    sp.add_argument("--out", help="also write the environment's python path to this file")
     sp.set_defaults(func=cmd_env)
 
     sp = sub.add_parser("report", help="throughput table and reward curves from a results directory")

@@ -25,6 +25,7 @@ class Adapter:
     run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
     plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
     needs_gpu: bool = False
+    env: str | None = None  # name of its pinned environment, workflows/envs/<env>.txt (real frameworks)
     # (): DataFrame with columns framework, case, max_abs_diff, verdict, note (harness.conformance vectors)
     conformance: Callable[[], pd.DataFrame] | None = None
 

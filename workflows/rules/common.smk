@@ -14,9 +14,14 @@ RESULTS = "results"
 INPUTS = f"{RESULTS}/inputs"
 FRAMEWORKS = config["frameworks"]
 SEEDS = config["seeds"]
+EMBEDDED = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None]
+PLANNED = [fw for fw in FRAMEWORKS if fw not in EMBEDDED]
 # Embedded backends run anywhere; real frameworks only where the profile has GPUs. The others are
 # still listed by the report, as not run, with the reason.
-RUNNABLE = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None or config["launch"]["gpus_per_node"] > 0]
+RUNNABLE = EMBEDDED + (PLANNED if config["launch"]["gpus_per_node"] > 0 else [])
+# A pattern that matches nothing when the list is empty, so a rule without frameworks never matches.
+EMBEDDED_PATTERN = "|".join(EMBEDDED) or "(?!)"
+PLANNED_PATTERN = "|".join(PLANNED) or "(?!)"
 
 
 wildcard_constraints:
@@ -26,6 +31,10 @@ wildcard_constraints:
 
 def run_dirs(framework):
     return expand(f"{RESULTS}/runs/{framework}/seed{{seed}}", seed=SEEDS)
+
+
+def framework_env_stamp(wildcards):
+    return f"{RESULTS}/envs/{get_adapter(wildcards.framework).env}.txt"
 
 
 def metric_files():

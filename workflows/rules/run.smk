@@ -8,6 +8,8 @@ rule run_embedded:
         directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
     log:
         f"{RESULTS}/logs/run/{{framework}}_seed{{seed}}.log",
+    wildcard_constraints:
+        framework=EMBEDDED_PATTERN,
     conda:
         "../envs/harness.yaml"
     params:
@@ -17,3 +19,26 @@ rule run_embedded:
     shell:
         "remax-bench run {wildcards.framework} --config {input.config} --seed {wildcards.seed}"
         " --inputs {params.inputs} --out {output} > {log} 2>&1"
+
+
+rule run_planned:
+    input:
+        plan=rules.plan.output[0],
+        env=framework_env_stamp,
+    output:
+        directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
+    log:
+        f"{RESULTS}/logs/run/{{framework}}_seed{{seed}}.log",
+    wildcard_constraints:
+        framework=PLANNED_PATTERN,
+    conda:
+        "../envs/harness.yaml"
+    params:
+        timeout_min=config["launch"]["timeout_min"],
+    resources:
+        timed_run=1,
+        gpu=config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
+        nodes=config["launch"]["nnodes"],
+        runtime=config["launch"]["timeout_min"] + 10,
+    shell:
+        "remax-bench launch {input.plan} --out {output} --timeout-min {params.timeout_min} > {log} 2>&1"

@@ -1,0 +1,64 @@
+"""Launch a planned framework run: `bash PLAN/launch.sh RUN_DIR` as a real subprocess, under a timeout.
+
+The run directory appears only when the framework exited 0; its console output is kept in console.log and
+plan.json is copied beside the framework's own logs, so ingest finds the run's identity there. On a crash or a
+timeout the exit reason and the log tail are printed, and nothing is left that looks like a finished run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from harness import HarnessError
+from harness.io import atomic_path, write_json
+
+CONSOLE_LOG = "console.log"
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
+    if timed_out:
+        return f"timed out after {timeout_s / 60:g} min (killed)"
+    if returncode is not None and returncode < 0:
+        name = signal.Signals(-returncode).name
+        return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"exit code {returncode}"
+
+
+def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float) -> None:
+    plan_dir, run_dir = Path(plan_dir).resolve(), Path(run_dir)
+    script = plan_dir / "launch.sh"
+    if not script.is_file() or not (plan_dir / "plan.json").is_file():
+        raise HarnessError(f"{plan_dir}: not a plan directory (needs launch.sh and plan.json)")
+    timeout_s = timeout_min * 60
+    with atomic_path(run_dir) as tmp:
+        tmp.mkdir()
+        shutil.copy2(plan_dir / "plan.json", tmp / "plan.json")
+        start = time.time()
+        with open(tmp / CONSOLE_LOG, "w") as console:
+            # Own process group: a timeout kills the framework's whole tree (Ray, launcher workers), not just bash.
+            proc = subprocess.Popen(["bash", str(script), str(tmp.resolve())], cwd=plan_dir, stdout=console,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                timed_out = True
+        if timed_out or proc.returncode != 0:
+            reason = exit_reason(proc.returncode, timed_out, timeout_s)
+            raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
+                               + tail(tmp / CONSOLE_LOG))
+        write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})

@@ -1,0 +1,30 @@
+rule framework_env:
+    input:
+        "workflows/envs/{env}.txt",
+    output:
+        f"{RESULTS}/envs/{{env}}.txt",
+    log:
+        f"{RESULTS}/logs/env/{{env}}.log",
+    conda:
+        "../envs/harness.yaml"
+    shell:
+        "remax-bench env {wildcards.env} --out {output} > {log} 2>&1"
+
+
+rule plan:
+    input:
+        config=rules.freeze_config.output[0],
+        data=rules.dataset.output.data,
+        model=rules.policy.output.model,
+        sha=rules.policy.output.sha,
+    output:
+        directory(f"{RESULTS}/plans/{{framework}}/seed{{seed}}"),
+    log:
+        f"{RESULTS}/logs/plan/{{framework}}_seed{{seed}}.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        inputs=lambda w, input: os.path.dirname(input.data),
+    shell:
+        "remax-bench plan {wildcards.framework} --config {input.config} --seed {wildcards.seed}"
+        " --inputs {params.inputs} --out {output} > {log} 2>&1"
