@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from harness import HarnessError
 from harness.io import atomic_path
@@ -135,9 +135,14 @@ def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) 
 
 
 def load_policy(path: str | Path, device: str = "cpu"):
+    """Any Hugging Face causal LM (the built policy or a checkpoint given by policy.path), ready for batched
+    generation: left padding, and a pad token (the EOS token where the checkpoint has none)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise HarnessError(f"{path}: not a saved policy (no config.json)")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    model = LlamaForCausalLM.from_pretrained(path).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
     return model, tokenizer

@@ -8,7 +8,9 @@ from harness.frameworks import get_adapter
 config.update(validate_config(config, source="snakemake config"))
 
 # Timed runs hold the one `timed_run` slot, so two timed runs never overlap on a machine; untimed jobs may.
-workflow.register_resource("timed_run", 1)
+# A cluster profile that gives each timed run a node of its own raises the limit (--resources timed_run=N).
+if "timed_run" not in workflow.global_resources:
+    workflow.register_resource("timed_run", 1)
 
 RESULTS = "results"
 INPUTS = f"{RESULTS}/inputs"

@@ -38,6 +38,7 @@ rule run_planned:
     resources:
         timed_run=1,
         gpu=config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
+        gpu_model=config["launch"]["gpu_model"],
         nodes=config["launch"]["nnodes"],
         runtime=config["launch"]["timeout_min"] + 10,
     shell:
