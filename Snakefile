@@ -11,14 +11,20 @@ report: "workflows/report/workflow.rst"
 
 
 include: "workflows/rules/common.smk"
+include: "workflows/rules/setup.smk"
 include: "workflows/rules/inputs.smk"
 include: "workflows/rules/plan.smk"
 include: "workflows/rules/run.smk"
 include: "workflows/rules/ingest.smk"
 include: "workflows/rules/summarize.smk"
 include: "workflows/rules/report.smk"
+include: "workflows/rules/check.smk"
 
 
 rule all:
     input:
         final_outputs(),
+
+
+onerror:
+    report_what_finished()

@@ -65,7 +65,7 @@ def cmd_plan(args) -> None:
 def cmd_launch(args) -> None:
     from harness.launch import launch
 
-    launch(args.plan_dir, args.out, args.timeout_min)
+    launch(args.plan_dir, args.out, args.timeout_min, _config(args))
 
 
 def cmd_ingest(args) -> None:
@@ -106,6 +106,58 @@ def cmd_env(args) -> None:
         write_text(args.out, f"{python}\n")
 
 
+def cmd_serve_reward(args) -> None:
+    from harness import reward_server
+
+    if args.health_check:
+        answer = reward_server.wait_healthy(args.health_check, args.timeout)
+        print(f"{args.health_check}: healthy ({answer['reward']}, sha256 {answer['sha256']})")
+    else:
+        reward_server.serve(args.host, args.port, args.max_body_bytes)
+
+
+def cmd_history_append(args) -> None:
+    from harness.history import append
+
+    path, rows, new = append(args.results)
+    print(f"{path}: {'appended' if new else 'already in the history, nothing written:'} {len(rows)} run(s) of "
+          f"pipeline run {rows[0]['pipeline_run']}")
+    if args.receipt:
+        from harness.io import write_json
+
+        write_json(args.receipt, {"history_file": str(path), "pipeline_run": rows[0]["pipeline_run"],
+                                  "runs": [r["run_id"] for r in rows], "newly_appended": new})
+
+
+def cmd_baseline_update(args) -> None:
+    import shlex
+
+    from harness.io import write_json
+    from harness.regression import build_baseline
+
+    profile = args.profile
+    if profile is None:
+        config = Path(args.results) / "config.json"
+        if not config.is_file():
+            raise HarnessError(f"{config}: missing; give the profile with --profile")
+        profile = json.loads(config.read_text())["profile"]
+    command = "remax-bench " + shlex.join(sys.argv[1:])
+    base = build_baseline(Path(args.results) / "history", profile=profile, runs=args.runs, last=args.last,
+                          command=command)
+    write_json(args.out, base)
+    print(f"{args.out}: baseline of profile {profile!r} from pipeline runs "
+          + ", ".join(p["pipeline_run"] for p in base["pipeline_runs"]))
+
+
+def cmd_check(args) -> int:
+    from harness.regression import check, render_markdown, write_alerts
+
+    result = check(args.baseline, args.results)
+    write_alerts(result, args.results)
+    print(render_markdown(result))
+    return 1 if result["status"] == "regression" else 0
+
+
 def cmd_report(args) -> None:
     from harness.report import render
 
@@ -144,6 +196,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("plan_dir")
     sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
     sp.add_argument("--timeout-min", type=float, required=True)
+    with_config(sp)
     sp.set_defaults(func=cmd_launch)
 
     sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
@@ -166,7 +219,38 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="also write the environment's python path to this file")
     sp.set_defaults(func=cmd_env)
 
-    sp = sub.add_parser("report", help="throughput table and reward curves from a results directory")
+    sp = sub.add_parser("serve-reward", help="serve the shared reward over HTTP (OpenRLHF's remote reward protocol)")
+    sp.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback; the server has no auth)")
+    sp.add_argument("--port", type=int, default=0, help="0 = any free port (printed at start)")
+    sp.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get a 413")
+    sp.add_argument("--health-check", metavar="URL", help="instead of serving: wait until the server at URL is healthy")
+    sp.add_argument("--timeout", type=float, default=60.0, help="seconds --health-check waits (default: %(default)s)")
+    sp.set_defaults(func=cmd_serve_reward)
+
+    sp = sub.add_parser("history", help="the append-only results history (RESULTS/history)")
+    hsub = sp.add_subparsers(dest="action", required=True)
+    hp = hsub.add_parser("append", help="add the pipeline run in RESULTS to the history (once; idempotent)")
+    hp.add_argument("--results", default="results")
+    hp.add_argument("--receipt", help="also write a small JSON receipt here (the pipeline rule's output)")
+    hp.set_defaults(func=cmd_history_append)
+
+    sp = sub.add_parser("baseline", help="write baselines/<profile>.json from chosen history rows")
+    bsub = sp.add_subparsers(dest="action", required=True)
+    bp = bsub.add_parser("update", help="a new baseline from the last N pipeline runs, or the ones named")
+    bp.add_argument("--results", default="results", help="results directory holding history/ (default: %(default)s)")
+    bp.add_argument("--out", required=True, help="baseline file, e.g. baselines/cpu.json")
+    bp.add_argument("--profile", help="default: the profile of RESULTS/config.json")
+    bp.add_argument("--runs", nargs="+", metavar="ID", help="pipeline run ids (or unique prefixes) to use")
+    bp.add_argument("--last", type=int, default=5, help="else the last N pipeline runs (default: %(default)s)")
+    bp.set_defaults(func=cmd_baseline_update)
+
+    sp = sub.add_parser("check", help="regression check of the latest run: exit 0 ok, 1 regression, 2 bad input")
+    sp.add_argument("--baseline", required=True, help="baselines/<profile>.json")
+    sp.add_argument("--results", required=True, help="results directory (summary, runs, history)")
+    sp.set_defaults(func=cmd_check)
+
+    sp = sub.add_parser("report", help="comparison report (index.html, throughput.md/.csv, figures, runs.csv) "
+                                       "from a results directory; every planned run listed, failed ones too")
     sp.add_argument("results_dir")
     sp.add_argument("--out", required=True)
     sp.set_defaults(func=cmd_report)
@@ -176,11 +260,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        args.func(args)
+        rc = args.func(args)  # `check` returns 1 when it finds a regression
     except HarnessError as e:
         print(f"remax-bench {args.command}: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":

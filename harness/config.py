@@ -72,9 +72,13 @@ def validate_config(config: dict, source: str = "config") -> dict:
 def load_config(path: str | Path) -> dict:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        # YAML 1.1 reads JSON's 1e-06 as a string, so a frozen config.json is read as JSON.
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except FileNotFoundError:
         raise HarnessError(f"{path}: config file not found") from None
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{path}: not valid JSON: {e}") from None
     except yaml.YAMLError as e:
         raise HarnessError(f"{path}: not valid YAML: {e}") from None
     return validate_config(raw if raw is not None else {}, source=str(path))

@@ -2,7 +2,10 @@
 
 verl, OpenRLHF and DeepSpeed-Chat pin conflicting torch/transformers/ray/deepspeed, so each gets its own venv
 under .venvs/<name>, never the harness's. A description is a pip requirements file; lines starting with
-`#!env ` set environment variables for the install (e.g. `#!env DS_BUILD_OPS=0`). An environment is built
+`#!env ` set environment variables for the install (e.g. `#!env DS_BUILD_OPS=0`), and two kinds of line are
+installed after the requirements, one package each: `#!no-deps PKG==V` without its dependencies (a package whose
+own pins cannot install here), `#!no-build-isolation PKG==V` against the torch already installed (flash-attn
+builds its CUDA kernels that way). An environment is built
 once and reused; it is rebuilt when its description changes (the stamp holds the description's sha256).
 """
 
@@ -42,6 +45,15 @@ def install_env_vars(spec: Path) -> dict[str, str]:
     return out
 
 
+POST_INSTALL = {"#!no-deps ": "--no-deps", "#!no-build-isolation ": "--no-build-isolation"}
+
+
+def post_install(spec: Path) -> list[tuple[str, str]]:
+    """(pip flag, requirement) for each `#!no-deps` / `#!no-build-isolation` line, in file order."""
+    return [(flag, line[len(prefix):].strip()) for line in spec.read_text().splitlines()
+            for prefix, flag in POST_INSTALL.items() if line.startswith(prefix)]
+
+
 def env_python(name: str, root: Path = ENV_ROOT) -> Path:
     return root / name / "bin" / "python"
 
@@ -58,8 +70,9 @@ def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -
     # written last: a half-built venv has no stamp and is rebuilt from scratch.
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, **install_env_vars(spec)}
-    steps = [[python, "-m", "venv", str(venv)],
-             [str(env_python(name, root)), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(spec)]]
+    pip = [str(env_python(name, root)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    steps = [[python, "-m", "venv", str(venv)], [*pip, "-r", str(spec)]]
+    steps += [[*pip, flag, req] for flag, req in post_install(spec)]
     for cmd in steps:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:

@@ -7,6 +7,7 @@ timeout the exit reason and the log tail are printed, and nothing is left that l
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,9 @@ import time
 from pathlib import Path
 
 from harness import HarnessError
+from harness.envs import env_python
 from harness.io import atomic_path, write_json
+from harness.manifest import build_manifest
 
 CONSOLE_LOG = "console.log"
 
@@ -36,7 +39,16 @@ def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> st
     return f"exit code {returncode}"
 
 
-def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float) -> None:
+def environment_packages(env: str | None) -> list[str] | None:
+    """`pip freeze` of the framework's own environment: its versions, not the harness's, belong in the manifest."""
+    python = env_python(env) if env else None
+    if python is None or not python.exists():
+        return None
+    proc = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True)
+    return proc.stdout.splitlines() if proc.returncode == 0 else None
+
+
+def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config: dict) -> None:
     plan_dir, run_dir = Path(plan_dir).resolve(), Path(run_dir)
     script = plan_dir / "launch.sh"
     if not script.is_file() or not (plan_dir / "plan.json").is_file():
@@ -62,3 +74,10 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float) -> Non
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
                                + tail(tmp / CONSOLE_LOG))
         write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})
+        plan = json.loads((plan_dir / "plan.json").read_text())
+        write_json(tmp / "manifest.json", build_manifest(
+            framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],
+            seed=plan["seed"], config=config, inputs=plan["inputs"],
+            extra={"environment": {"name": plan.get("env"), "packages": environment_packages(plan.get("env"))},
+                   "timed_window": {"start": start, "end": time.time()}},
+        ))

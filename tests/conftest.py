@@ -32,3 +32,25 @@ def micro_pipeline(tmp_path_factory):
     proc = snakemake(workdir, "--cores", "2", "--configfile", REPO / "workflows" / "config" / "micro.yaml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return workdir
+
+
+@pytest.fixture(scope="module")
+def a100x8(tmp_path_factory):
+    """workflows/config/a100x8.yaml with a stand-in checkpoint directory and a dataset of the size it uses."""
+    import yaml
+
+    from harness.config import load_config
+    from harness.inputs import build_dataset, build_policy
+
+    root = tmp_path_factory.mktemp("a100x8")
+    (root / "ckpt").mkdir()
+    (root / "ckpt" / "config.json").write_text("{}")  # plan never loads the model
+    raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    raw["policy"]["path"] = str(root / "ckpt")
+    raw["task"].update(n_train=raw["remax"]["steps"] * raw["remax"]["train_batch_size"] + 40, n_eval=20)
+    config_path = root / "config.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    config = load_config(config_path)
+    build_dataset(config, root / "inputs")
+    build_policy(config, root / "inputs")
+    return {"root": root, "config_path": config_path, "config": config, "inputs": root / "inputs"}

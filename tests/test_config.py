@@ -7,7 +7,7 @@ from harness.config import config_hash, load_config, validate_config
 
 def test_default_profile_is_valid_and_defaults_are_filled():
     config = load_config(REPO / "workflows" / "config" / "cpu.yaml")
-    assert config["frameworks"] == ["reference"] and config["remax"]["grad_clip"] == 1.0
+    assert config["frameworks"][0] == "reference" and config["remax"]["grad_clip"] == 1.0
     assert validate_config({})["policy"]["sft"]["steps"] == 300  # nested defaults from the schema
 
 
@@ -39,3 +39,11 @@ def test_config_hash_changes_with_the_experiment_not_with_key_order():
     a = validate_config({"remax": {"lr": 0.001, "steps": 20}})
     b = validate_config({"remax": {"steps": 20, "lr": 0.001}})
     assert config_hash(a) == config_hash(b) != config_hash(validate_config({"remax": {"lr": 0.002, "steps": 20}}))
+
+
+def test_a_frozen_json_config_keeps_small_floats_as_numbers(tmp_path):
+    from harness.io import write_json
+
+    path = tmp_path / "config.json"
+    write_json(path, validate_config({"remax": {"lr": 1e-6, "steps": 20}}))
+    assert "1e-06" in path.read_text() and load_config(path)["remax"]["lr"] == 1e-6

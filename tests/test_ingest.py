@@ -66,4 +66,4 @@ def test_ingest_cli_writes_parquet_and_rejects_bad_input(tmp_path):
     assert not (tmp_path / "empty.parquet").exists()
 
     proc = run_cli("ingest", "nosuch", log, "--out", tmp_path / "x.parquet")
-    assert proc.returncode == 2 and "unknown framework 'nosuch' (known: reference)" in proc.stderr
+    assert proc.returncode == 2 and "unknown framework 'nosuch' (known: dschat, openrlhf, reference, verl)" in proc.stderr

@@ -51,4 +51,4 @@ def get_adapter(name: str) -> Adapter:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
 
 
-from harness.frameworks import reference  # noqa: E402,F401  (registers itself)
+from harness.frameworks import dschat, openrlhf, reference, verl  # noqa: E402,F401  (each registers itself)

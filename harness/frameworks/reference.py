@@ -180,8 +180,9 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
     t_transition = clock.now()
 
     _sync_weights(trainer, rollout)
-    if slowdown:
-        _busy_wait(slowdown * (clock.now() - t_start))
+    t_synced = clock.now()
+    if slowdown:  # lands in the step's "other" time, not in any phase
+        _busy_wait(slowdown * (t_synced - t_start))
     t_end = clock.now()
 
     response_tokens = mask.sum().item()
@@ -190,7 +191,7 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
         "time_step_s": t_end - t_start,
         "time_gen_s": t_gen - t_start,
         "time_train_s": t_transition - t_train,
-        "time_transition_s": t_end - t_transition,
+        "time_transition_s": t_synced - t_transition,
         "tokens_prompt": attn.sum().item(),
         "tokens_response": response_tokens,
         "tokens_baseline": greedy_mask.sum().item(),

@@ -39,6 +39,11 @@ def framework_env_stamp(wildcards):
     return f"{RESULTS}/envs/{get_adapter(wildcards.framework).env}.txt"
 
 
+def framework_sources(wildcards):
+    """Pinned source checkouts a framework runs from (DeepSpeed-Chat is not a package)."""
+    return [config["dschat"]["checkout"]] if wildcards.framework == "dschat" else []
+
+
 def metric_files():
     return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in RUNNABLE for s in SEEDS]
 
@@ -53,4 +58,16 @@ def final_outputs():
         f"{RESULTS}/report/throughput.md",
         f"{RESULTS}/report/throughput.csv",
         f"{RESULTS}/report/reward_curve.png",
+        f"{RESULTS}/history.appended.json",  # every finished pipeline run goes into the history
     ]
+
+
+def report_what_finished():
+    """After a failed job: render the report from the runs that finished; it marks the others as failed.
+
+    Runs outside the job graph on purpose: the report rule waits for every run, and a failed run would otherwise
+    leave no report at all. summary.csv is left to the summarize rule: it stays missing or out of date, so the
+    next pipeline run re-runs the failed runs (and only those) and then summary and report.
+    """
+    if os.path.exists(f"{RESULTS}/config.json"):
+        shell("remax-bench report {RESULTS} --out {RESULTS}/report > {RESULTS}/logs/report.log 2>&1")

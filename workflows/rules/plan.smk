@@ -1,6 +1,7 @@
 rule framework_env:
     input:
-        "workflows/envs/{env}.txt",
+        # the description ships with the workflow, wherever the working directory is
+        f"{workflow.basedir}/workflows/envs/{{env}}.txt",
     output:
         f"{RESULTS}/envs/{{env}}.txt",
     log:

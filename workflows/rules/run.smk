@@ -23,8 +23,10 @@ rule run_embedded:
 
 rule run_planned:
     input:
+        config=rules.freeze_config.output[0],
         plan=rules.plan.output[0],
         env=framework_env_stamp,
+        sources=framework_sources,
     output:
         directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
     log:
@@ -42,4 +44,5 @@ rule run_planned:
         nodes=config["launch"]["nnodes"],
         runtime=config["launch"]["timeout_min"] + 10,
     shell:
-        "remax-bench launch {input.plan} --out {output} --timeout-min {params.timeout_min} > {log} 2>&1"
+        "remax-bench launch {input.plan} --config {input.config} --out {output} --timeout-min {params.timeout_min}"
+        " > {log} 2>&1"

@@ -1,0 +1,194 @@
+"""Benchmark: false-alarm and detection rates of `remax-bench check`, by resampling measured run-to-run noise.
+
+    python benchmarks/regression_power.py measure --pipelines 16 --out benchmarks/data/regression_noise.csv \
+        [--configfile benchmarks/regression_short.yaml] [--workdir DIR]
+    python benchmarks/regression_power.py power [--data benchmarks/data/regression_noise.csv] [--trials 4000]
+
+`measure` runs the real pipeline N times in one working directory (inputs built once, every run redone with
+`--forcerun run_embedded`) and writes one CSV row per (pipeline run, seed): the per-seed summaries the history
+keeps; each pipeline run is also appended to the real history, WORKDIR/results/history. Nothing else should
+run on the machine if the figures are to describe a quiet machine; the CSV records the load average so a
+reader can tell.
+
+`power` builds synthetic nightly series by resampling those measurements: a pipeline run is drawn whole (its
+seeds together, so load shared by the seeds of one run stays shared) and its per-seed values are expressed as
+ratios to the per-seed median over all measured runs, so the seed's own workload cancels. A series of H history
+runs plus one current run goes through the same code as `remax-bench check` (harness.regression.assess), with
+no change (false alarms) and with the current run's throughput multiplied by 0.95 (detection). It prints both
+rates for 1 to 3 seeds and several history lengths, and exits 1 when no row meets the targets (<= 1% false
+alarms and >= 95% detection of a lasting 5% drop by its second night).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE_RUNS = 5  # what `remax-bench baseline update` takes by default
+FIELDS = ["pipeline", "started_utc", "load1", "framework", "seed", "run_id", "config_hash", "inject_slowdown",
+          "throughput_tok_s", "time_step_s_median", "time_transition_s_median", "time_transition_s_p90",
+          "reward_last10", "reward_gain"]
+
+
+def snakemake(workdir: Path, configfile: Path | None, *extra: str) -> None:
+    cmd = [shutil.which("snakemake") or "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+           "--cores", "all", *extra]
+    if configfile:
+        cmd += ["--configfile", str(configfile.resolve())]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"snakemake failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def measure(args) -> int:
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="remax-bench-noise-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    if args.append and args.out.is_file():  # continue a measurement in the same workdir
+        with open(args.out, newline="") as f:
+            rows = list(csv.DictReader(f))
+    done = max((int(r["pipeline"]) for r in rows), default=0)
+    for i in range(done + 1, done + args.pipelines + 1):
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # `history` appends the pipeline run to WORKDIR/results/history, as the nightly `check` target does.
+        snakemake(workdir, args.configfile, "all", "history",
+                  *(["--forcerun", "run_embedded"] if i > 1 or (workdir / "results").exists() else []))
+        results = workdir / "results"
+        config = json.loads((results / "config.json").read_text())
+        summary = pd.read_csv(results / "summary.csv")
+        for r in summary.itertuples():
+            manifest = json.loads((results / "runs" / r.framework / f"seed{r.seed}" / "manifest.json").read_text())
+            rows.append({"pipeline": i, "started_utc": started, "load1": round(os.getloadavg()[0], 2),
+                         "framework": r.framework, "seed": r.seed, "run_id": r.run_id,
+                         "config_hash": manifest["config_hash"],
+                         "inject_slowdown": config["reference"]["inject_slowdown"],
+                         **{k: getattr(r, k) for k in FIELDS[8:]}})
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, FIELDS)
+            w.writeheader()
+            w.writerows(rows)
+        os.replace(tmp, args.out)
+        print(f"pipeline {i}: " + ", ".join(f"s{r['seed']} {float(r['throughput_tok_s']):.0f} tok/s"
+                                            for r in rows if int(r["pipeline"]) == i), flush=True)
+    return 0
+
+
+def _series(ratios: np.ndarray, level: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """Values of whole measured pipeline runs (rows of `ratios`, seeds together) at the seeds' own levels."""
+    return ratios[draws] * level
+
+
+def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, history: int, drop: float,
+             trials: int, rng) -> dict:
+    """Rates over `trials` synthetic nights: any alert with no change; throughput alert on the first and on
+    the second night of a lasting `drop` (fraction, e.g. 0.05)."""
+    from harness.regression import METRICS, assess
+
+    metrics = [m for m in METRICS if m.kind == "alert" and m.name in ratios]
+    n_runs = len(next(iter(ratios.values())))
+    counts = {"false_alarm": 0, "detected_night1": 0, "detected_by_night2": 0}
+    for _ in range(trials):
+        # Whole runs without replacement while the pool allows: a run drawn twice would sit next to itself and
+        # shrink the noise estimate, an artefact no real series has.
+        draws = (rng.permutation(n_runs)[:history + 2] if history + 2 <= n_runs
+                 else rng.integers(n_runs, size=history + 2))
+        alarm, first, second = False, False, False
+        for m in metrics:
+            vals = _series(ratios[m.name], levels[m.name], draws)
+            past, nxt, cur = vals[:history], vals[history], vals[history + 1]
+            seeds = range(vals.shape[1])
+            baseline = {s: list(past[-BASELINE_RUNS:, s]) for s in seeds}
+            table = pd.DataFrame(np.log(past))
+            prev = dict(enumerate(past[-1]))
+            alarm |= assess(m, dict(enumerate(nxt)), baseline, table, prev)["status"] == "regression"
+            if m.name != "throughput_tok_s":
+                continue
+            slow = 1 - drop
+            first = assess(m, dict(enumerate(nxt * slow)), baseline, table, prev)["status"] == "regression"
+            # The second night: the first slow night is now the last run in the history.
+            table2 = pd.DataFrame(np.log(np.vstack([past, nxt * slow])))
+            second = first or assess(m, dict(enumerate(cur * slow)), baseline, table2,
+                                     dict(enumerate(nxt * slow)))["status"] == "regression"
+        counts["false_alarm"] += alarm
+        counts["detected_night1"] += first
+        counts["detected_by_night2"] += second
+    return {k: v / trials for k, v in counts.items()}
+
+
+def power(args) -> int:
+    from harness.regression import MIN_HISTORY, Z_CRIT, noise_level
+
+    df = pd.read_csv(args.data)
+    df = df[df["inject_slowdown"] == 0]
+    rng = np.random.default_rng(args.seed)
+    ratios, levels = {}, {}
+    for name in ("throughput_tok_s", "time_transition_s_median"):
+        table = df.pivot_table(index="pipeline", columns="seed", values=name).dropna()
+        levels[name] = table.median().to_numpy()
+        ratios[name] = (table / table.median()).to_numpy() ** args.noise_scale
+    n_pipelines, n_seeds = ratios["throughput_tok_s"].shape
+    sigma, _ = noise_level(pd.DataFrame(np.log(ratios["throughput_tok_s"])))
+    print(f"data: {args.data} ({n_pipelines} pipeline runs x {n_seeds} seeds, load1 {df['load1'].min():.1f}-"
+          f"{df['load1'].max():.1f}); noise scale {args.noise_scale}")
+    print(f"measured run-level throughput noise (1.4826 x MAD, median over seeds): {100 * sigma:.1f}%; per-seed "
+          f"spread of single runs: {100 * np.std(np.log(ratios['throughput_tok_s'])):.1f}% (sd of log ratio)")
+    print(f"method: z >= {Z_CRIT}, minimum history {MIN_HISTORY} runs, baseline = last {BASELINE_RUNS} runs; "
+          f"{args.trials} synthetic nights per row; drop {100 * args.drop:.0f}%")
+    print("| seeds | history runs | false alarms | detected night 1 | detected by night 2 |")
+    print("|---:|---:|---:|---:|---:|")
+    results = []
+    for k in sorted({min(k, n_seeds) for k in (1, 2, n_seeds)}):
+        sub_r = {n: r[:, :k] for n, r in ratios.items()}
+        sub_l = {n: lv[:k] for n, lv in levels.items()}
+        for h in args.history:
+            r = simulate(sub_r, sub_l, history=h, drop=args.drop, trials=args.trials, rng=rng)
+            results.append({"seeds": k, "history": h, **r})
+            drawn = "" if h + 2 <= n_pipelines else " (runs drawn with replacement)"
+            print(f"| {k} | {h}{drawn} | {100 * r['false_alarm']:.2f}% | {100 * r['detected_night1']:.1f}% |"
+                  f" {100 * r['detected_by_night2']:.1f}% |", flush=True)
+    meets = [r for r in results if r["false_alarm"] <= 0.01 and r["detected_by_night2"] >= 0.95]
+    print("targets (<= 1% false alarms, >= 95% detection of a 5% drop by the second night) met by: "
+          + (", ".join(f"{r['seeds']} seeds with {r['history']} history runs" for r in meets) or "no row"))
+    return 0 if meets else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--pipelines", type=int, default=12)
+    m.add_argument("--configfile", type=Path, default=None)
+    m.add_argument("--workdir", type=Path, default=None)
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("--append", action="store_true", help="add to an existing CSV (same workdir), numbering on")
+    m.set_defaults(func=measure)
+    p = sub.add_parser("power")
+    p.add_argument("--data", type=Path, default=REPO / "benchmarks" / "data" / "regression_noise.csv")
+    p.add_argument("--trials", type=int, default=2000)
+    p.add_argument("--history", type=int, nargs="+", default=[8, 12, 20, 30])
+    p.add_argument("--drop", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise-scale", type=float, default=1.0,
+                   help="raise the measured ratios to this power (0.5 = half the noise in log units): a what-if for "
+                        "a quieter machine, labelled as such; 1 = the measurements as they are")
+    p.set_defaults(func=power)
+    args = ap.parse_args()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

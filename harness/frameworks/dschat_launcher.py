@@ -1,0 +1,380 @@
+"""Runs the official ReMax code (DeepSpeed-Chat step 3, `main.py --algo remax`) and measures what it leaves out.
+
+Started by the `deepspeed` launcher in the dschat environment, once per rank, as a script:
+
+    deepspeed --num_gpus N dschat_launcher.py --main MAIN.py --steps-log LOG --dataset DATASET.jsonl
+        [--reward-url URL] MAIN.py's own arguments...
+
+(every argument that is not the launcher's, and the `--local_rank=R` that the `deepspeed` launcher inserts, goes to
+main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a script, not a
+module of the harness package: the dschat environment holds DeepSpeed 0.10.3 and transformers 4.31, not the
+harness's dependencies, so it imports only `harness.reward` (no dependencies) from the harness.
+
+Before main.py runs (with `runpy`, as `__main__`), it
+
+* wraps DeepSpeed's `DeepSpeedHybridEngine.eval/train/generate/step` on the class, before `deepspeed.initialize`
+  builds the actor, so the engine that main.py gets is timed; the device is synchronized before and after each
+  call. DeepSpeed-Chat times none of the train->generate switch and prints throughput from configured maximum
+  lengths; these wrappers measure the switch (`eval()`, and the ZeRO-3 parameter gather inside `generate`, which
+  DeepSpeed itself reports as `_gather_latency`), sampled and greedy generation apart, and the actual tokens;
+* wraps `DeepSpeedReMaxTrainer.generate_experience` to know where a training iteration starts (evaluation
+  rollouts, `training_mode=False`, are not steps) and what its rollout scored;
+* replaces DeepSpeed-Chat's reward model (`DeepSpeedRLHFEngine._init_reward`) with the shared reward,
+  `harness.reward.score` (or the shared reward server at `--reward-url`), so DeepSpeed-Chat is scored by the
+  same code as every other framework; no reward model is loaded;
+* drops the " " that DeepSpeed-Chat's `local/jsonfile` reader puts before every prompt, so the policy sees the
+  shared prompt's own tokens.
+
+Rank 0 writes one JSON line per optimizer step to `--steps-log` (counts summed and times maximised over ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+# The harness checkout this file lives in: `harness.reward` is imported from it, whatever PYTHONPATH says.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness import reward as shared_reward  # noqa: E402
+
+_SUMMED = ("tokens_prompt", "tokens_response", "tokens_baseline", "n_samples", "reward_sum", "n_rewards",
+           "baseline_sum", "n_baselines", "kl_sum", "n_kl")
+_MAXED = ("time_step_s", "gen_sampled", "gen_greedy", "switch_to_generate", "switch_to_train", "gather",
+          "experience", "train")
+
+
+def _synchronized_now() -> float:
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().synchronize()
+    return time.perf_counter()
+
+
+def normalize_prompt(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _stop_ids(module, pad_token_id) -> set[int]:
+    eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if pad_token_id is not None:
+        ids.add(int(pad_token_id))
+    return ids
+
+
+def response_lengths(response, stop_ids: set[int]) -> list[int]:
+    """Tokens of each response up to and including the first EOS/pad (as DeepSpeed-Chat's action mask counts them)."""
+    out = []
+    for row in response.tolist():
+        n = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
+        out.append(n)
+    return out
+
+
+class StepRecorder:
+    """Collects one training iteration's timings and counts from the wrapped calls; rank 0 writes its JSON line."""
+
+    def __init__(self, steps_log: str | os.PathLike | None):
+        self.steps_log = Path(steps_log) if steps_log else None
+        self.step = 0
+        self.window: dict | None = None
+
+    # A window is one training iteration: from generate_experience(training_mode=True) to the optimizer step.
+    def open(self) -> None:
+        self.window = {k: 0.0 for k in _SUMMED + _MAXED}
+        self.window["t0"] = _synchronized_now()
+        self.window["reward_calls"] = 0
+
+    def add(self, key: str, value: float) -> None:
+        if self.window is not None:
+            self.window[key] += value
+
+    def experience_done(self, t_end: float) -> None:
+        w = self.window
+        if w is not None:
+            w["t1"] = t_end
+            w["experience"] = (t_end - w["t0"] - w["gen_sampled"] - w["gen_greedy"] - w["switch_to_generate"]
+                               - w["switch_to_train"])
+
+    def close(self, t_end: float) -> dict | None:
+        """End the window at the optimizer step; return (and on rank 0 write) the step's record."""
+        w, self.window = self.window, None
+        if w is None or "t1" not in w:
+            return None
+        w["train"] = t_end - w["t1"]
+        w["time_step_s"] = t_end - w["t0"]
+        summed, maxed, world = self._reduce([w[k] for k in _SUMMED], [w[k] for k in _MAXED])
+        s, m = dict(zip(_SUMMED, summed)), dict(zip(_MAXED, maxed))
+        self.step += 1
+        from deepspeed.accelerator import get_accelerator
+
+        record = {
+            "step": self.step,
+            "world_size": world,
+            "n_gpus": world if get_accelerator().device_name() != "cpu" else 0,
+            "time_step_s": m["time_step_s"],
+            # Generation proper: the ZeRO-3 gather that DeepSpeed does inside generate() is the transition's.
+            "time_gen_sampled_s": m["gen_sampled"],
+            "time_gen_greedy_s": m["gen_greedy"],
+            "time_gen_s": m["gen_sampled"] + m["gen_greedy"] - m["gather"],
+            "time_switch_to_generate_s": m["switch_to_generate"],
+            "time_switch_to_train_s": m["switch_to_train"],
+            "time_gather_s": m["gather"],
+            "time_transition_s": m["switch_to_generate"] + m["switch_to_train"] + m["gather"],
+            "time_experience_s": m["experience"],
+            "time_train_s": m["train"],
+            "tokens_prompt": s["tokens_prompt"],
+            "tokens_response": s["tokens_response"],
+            "tokens_baseline": s["tokens_baseline"],
+            "n_samples": s["n_samples"],
+            "reward_mean": _mean(s["reward_sum"], s["n_rewards"]),
+            "reward_baseline_mean": _mean(s["baseline_sum"], s["n_baselines"]),
+            "kl_mean": _mean(s["kl_sum"], s["n_kl"]),
+            "response_length_mean": _mean(s["tokens_response"], s["n_samples"]),
+        }
+        if self.steps_log is not None and _rank() == 0:
+            with open(self.steps_log, "a") as f:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+        return record
+
+    @staticmethod
+    def _reduce(summed: list[float], maxed: list[float]):
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return summed, maxed, 1
+        from deepspeed.accelerator import get_accelerator
+
+        device = get_accelerator().current_device_name()
+        a = torch.tensor(summed, dtype=torch.float64, device=device)
+        b = torch.tensor(maxed, dtype=torch.float64, device=device)
+        dist.all_reduce(a, op=dist.ReduceOp.SUM)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX)
+        return a.tolist(), b.tolist(), dist.get_world_size()
+
+
+def _mean(total: float, n: float) -> float | None:
+    return total / n if n else None  # JSON null: nothing of the kind was seen in this step
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None) -> None:
+    """Time DeepSpeedHybridEngine's eval/train/generate/step on the class (call before deepspeed.initialize)."""
+    if engine_cls is None:
+        from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine as engine_cls
+    orig = {name: getattr(engine_cls, name) for name in ("eval", "train", "generate", "step", "create_inference_module")}
+
+    def eval_(self):
+        t = _synchronized_now()
+        out = orig["eval"](self)
+        recorder.add("switch_to_generate", _synchronized_now() - t)
+        return out
+
+    def train_(self, mode=True):
+        t = _synchronized_now()
+        out = orig["train"](self, mode)
+        # Only the switch back after this iteration's generation counts; main.py also calls train() elsewhere.
+        if mode and recorder.window is not None and "t1" not in recorder.window:
+            recorder.add("switch_to_train", _synchronized_now() - t)
+        return out
+
+    def generate(self, *inputs, **kwargs):
+        prompt = inputs[0] if inputs else kwargs["input_ids"]
+        t = _synchronized_now()
+        seq = orig["generate"](self, *inputs, **kwargs)
+        elapsed = _synchronized_now() - t
+        if recorder.window is not None:
+            sampled = bool(kwargs.get("do_sample", False))
+            recorder.add("gen_sampled" if sampled else "gen_greedy", elapsed)
+            recorder.add("gather", float(getattr(self, "_gather_latency", 0.0) or 0.0))
+            lengths = response_lengths(seq[:, prompt.shape[1]:], _stop_ids(self.module, kwargs.get("pad_token_id")))
+            mask = kwargs.get("attention_mask")
+            if sampled:
+                recorder.add("tokens_prompt", float(mask.sum()) if mask is not None else float(prompt.numel()))
+                recorder.add("tokens_response", float(sum(lengths)))
+                recorder.add("n_samples", float(len(lengths)))
+            else:
+                recorder.add("tokens_baseline", float(sum(lengths)))
+        return seq
+
+    def step(self, *args, **kwargs):
+        out = orig["step"](self, *args, **kwargs)
+        recorder.close(_synchronized_now())
+        return out
+
+    def create_inference_module(self):
+        orig["create_inference_module"](self)
+        # DeepSpeed routes the module's generate() through the engine only when it built inference containers
+        # for the model; otherwise generation runs the model's own generate() and the engine never sees it.
+        # Route it the same way here so that both paths are timed (the engine's generate() then only does its
+        # bookkeeping around the model's own generate()).
+        if not self._inference_containers:
+            self._generate = self.module.generate
+            self.module.generate = self.generate
+
+    engine_cls.eval, engine_cls.train, engine_cls.generate, engine_cls.step = eval_, train_, generate, step
+    engine_cls.create_inference_module = create_inference_module
+
+
+def wrap_trainer(recorder: StepRecorder, trainer_cls) -> None:
+    """Mark training iterations (generate_experience with training_mode=True) and measure their KL."""
+    orig = trainer_cls.generate_experience
+
+    def generate_experience(self, prompts, mask, step, print_answers=False, training_mode=True):
+        if training_mode:
+            recorder.open()
+        out = orig(self, prompts, mask, step, print_answers=print_answers, training_mode=training_mode)
+        if training_mode:
+            recorder.experience_done(_synchronized_now())
+            kl = sequence_kl(out["logprobs"], out["ref_logprobs"], out["attention_mask"], prompts.shape[1])
+            recorder.add("kl_sum", float(kl.sum()))
+            recorder.add("n_kl", float(kl.numel()))
+        return out
+
+    trainer_cls.generate_experience = generate_experience
+
+
+def sequence_kl(logprobs, ref_logprobs, attention_mask, prompt_length: int):
+    """Per response: sum over its tokens of log p - log p_ref (k1), the common schema's kl_mean before the mean.
+
+    logprobs[:, t] scores token t + 1 (DeepSpeed-Chat's gather_log_probs on logits[:, :-1]).
+    """
+    start = prompt_length - 1
+    diff = (logprobs[:, start:] - ref_logprobs[:, start:]).float()
+    return (diff * attention_mask[:, prompt_length:].to(diff.dtype)).sum(-1)
+
+
+class SharedReward:
+    """Stands in for DeepSpeed-Chat's reward engine: `forward_value(...)["chosen_end_scores"]` is the shared reward."""
+
+    def __init__(self, tokenizer, dataset_path: str | os.PathLike, recorder: StepRecorder, reward_url: str | None):
+        self.tokenizer = tokenizer
+        self.recorder = recorder
+        self.reward_url = reward_url
+        self.answers: dict[str, tuple[str, str]] = {}
+        with open(dataset_path) as f:
+            for line in f:
+                row = json.loads(line)
+                self.answers[normalize_prompt(row["prompt"])] = (row["prompt"], row["answer"])
+
+    def eval(self):
+        return self
+
+    def train(self, mode=True):
+        return self
+
+    def forward_value(self, input_ids, attention_mask=None, prompt_length=0, **_):
+        import torch
+
+        pad = self.tokenizer.pad_token_id
+        stops = {pad, self.tokenizer.eos_token_id} - {None}
+        prompts, responses, answers = [], [], []
+        for row in input_ids.tolist():
+            prompt_ids = row[:prompt_length]
+            while prompt_ids and prompt_ids[0] == pad:  # DeepSpeed-Chat left-pads prompts with the pad token
+                prompt_ids = prompt_ids[1:]
+            text = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+            try:
+                prompt, answer = self.answers[normalize_prompt(text)]
+            except KeyError:
+                raise RuntimeError(f"shared reward: prompt {text!r} is not in the shared dataset; "
+                                   "cannot score its response") from None
+            response_ids = row[prompt_length:]
+            n = response_lengths(torch.tensor([response_ids]), stops)[0]
+            prompts.append(prompt)
+            answers.append(answer)
+            responses.append(self.tokenizer.decode(response_ids[:n], skip_special_tokens=True))
+        scores = self._score(prompts, responses, answers)
+        # In a training iteration generate_experience scores the samples first, then the greedy responses.
+        w = self.recorder.window
+        if w is not None:
+            key = ("reward_sum", "n_rewards") if w["reward_calls"] == 0 else ("baseline_sum", "n_baselines")
+            self.recorder.add(key[0], sum(scores))
+            self.recorder.add(key[1], len(scores))
+            w["reward_calls"] += 1
+        return {"chosen_end_scores": torch.tensor(scores, dtype=torch.float32, device=input_ids.device)}
+
+    def _score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
+        if not self.reward_url:
+            return [shared_reward.score(p, r, a) for p, r, a in zip(prompts, responses, answers)]
+        # The shared reward server's protocol (OpenRLHF's remote reward): query = prompt + response.
+        body = json.dumps({"query": [p + r for p, r in zip(prompts, responses)], "prompts": prompts,
+                           "labels": answers}).encode()
+        request = urllib.request.Request(self.reward_url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=180) as resp:
+            rewards = json.loads(resp.read())["rewards"]
+        if len(rewards) != len(prompts):
+            raise RuntimeError(f"shared reward server {self.reward_url}: {len(rewards)} rewards for {len(prompts)} "
+                               "responses")
+        return [float(r) for r in rewards]
+
+
+def install(recorder: StepRecorder, dataset: str, reward_url: str | None) -> None:
+    """Patch DeepSpeed and the ReMax modules (importable from sys.path) before main.py runs."""
+    import rlhf_engine
+    import remax_trainer
+    from utils.data import raw_datasets
+
+    wrap_hybrid_engine(recorder)
+    wrap_trainer(recorder, remax_trainer.DeepSpeedReMaxTrainer)
+
+    def init_reward(self, reward_model_name_or_path):
+        return SharedReward(self.tokenizer, dataset, recorder, reward_url)
+
+    rlhf_engine.DeepSpeedRLHFEngine._init_reward = init_reward
+
+    local = raw_datasets.LocalJsonFileDataset
+    local.get_prompt = lambda self, sample: sample["prompt"]
+    local.get_prompt_and_chosen = lambda self, sample: (
+        None if sample["chosen"] is None else sample["prompt"] + sample["chosen"])
+
+
+LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url")  # each takes one value
+
+
+def parse_args(argv: list[str]):
+    """The launcher's own options; everything else (with the launcher-inserted --local_rank) is main.py's."""
+    p = argparse.ArgumentParser(prog="dschat_launcher", allow_abbrev=False)
+    p.add_argument("--main", required=True, help="step3_rlhf_finetuning/main.py of the ReMax checkout")
+    p.add_argument("--steps-log", required=True, help="JSON lines, one per optimizer step (rank 0)")
+    p.add_argument("--dataset", required=True, help="the shared dataset (JSONL with prompt and answer)")
+    p.add_argument("--reward-url", default=None, help="shared reward server; default: harness.reward.score here")
+    return p.parse_known_args(argv)
+
+
+def prepare(main_path: str) -> str:
+    """Put main.py's folder and the checkout first on sys.path, as `python main.py` would; its absolute path.
+
+    abspath, not realpath: DeepSpeed-Chat finds data/ three folders above utils/data, through the run directory's
+    link to the checkout.
+    """
+    main_path = os.path.abspath(main_path)
+    step3 = os.path.dirname(main_path)
+    sys.path[:0] = [step3, os.path.dirname(step3)]
+    return main_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, main_args = parse_args(sys.argv[1:] if argv is None else argv)
+    main_path = prepare(args.main)
+    recorder = StepRecorder(args.steps_log)
+    install(recorder, args.dataset, args.reward_url)
+    sys.argv = [main_path] + main_args
+    runpy.run_path(main_path, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""ReMax rollouts for OpenRLHF 0.11.2: the agent executor loaded by `--train.agent_func_path` in each vLLM rollout actor.
+
+Per sample OpenRLHF calls `AgentExecutor.execute` (n times per prompt, concurrently, from
+`RolloutRayActor.generate_responses`). Each call generates the sample with the given sampling parameters and, once
+per prompt, a greedy response (temperature 0) with the same length budget; both are scored by the shared reward
+server (OpenRLHF's remote reward protocol, the URL in remax_agent.json beside this file). The sample's reward is
+returned as its reward, the greedy reward as extra_logs["remax_baseline"], which OpenRLHF carries into
+Experience.info, where the patched "remax" estimator (remax_patch.py) subtracts it.
+
+Generation goes through OpenRLHF's own SingleTurnAgentExecutor (tokenisation, prompt truncation, the engine call),
+without its reward request: that one sends the decoded prompt+response with special tokens (EOS) and swallows
+errors. Here the response is decoded without special tokens, and a failed reward request fails the rollout instead
+of leaving a sample without reward or baseline.
+
+The n calls for one prompt share one greedy request: the first call starts it, later calls for the same prompt
+and label join it while it runs. All n calls start before any generation finishes, and a finished request is
+dropped, so the next step (new weights) asks again.
+"""
+
+import asyncio
+import json
+from copy import deepcopy
+from pathlib import Path
+
+import aiohttp
+
+from openrlhf.utils.agent import SingleTurnAgentExecutor
+
+CONFIG = Path(__file__).with_name("remax_agent.json")
+REQUEST_TIMEOUT_S = 180  # as OpenRLHF's own remote-reward client
+TRIES = 5
+
+
+class RewardRequestError(RuntimeError):
+    pass
+
+
+class AgentExecutor(SingleTurnAgentExecutor):
+    def __init__(self):
+        super().__init__(remote_rm_url=None)  # generation only: rewards come from score() below
+        self.reward_url = json.loads(CONFIG.read_text())["reward_url"]
+        self._greedy_in_flight = {}
+
+    async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
+        key = (prompt, label)
+        greedy = self._greedy_in_flight.get(key)
+        if greedy is None:
+            greedy = asyncio.ensure_future(
+                self._greedy(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images))
+            self._greedy_in_flight[key] = greedy
+            greedy.add_done_callback(lambda done: self._forget(key, done))
+        sample = await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images)
+        sample_reward = await self.score(prompt, response_text(sample, hf_tokenizer), label)
+        baseline, baseline_tokens = await greedy
+        sample.update(reward=sample_reward, scores=sample_reward,
+                      extra_logs={"remax_baseline": baseline, "remax_baseline_tokens": float(baseline_tokens)})
+        return sample
+
+    def _forget(self, key, done):
+        if self._greedy_in_flight.get(key) is done:
+            del self._greedy_in_flight[key]
+
+    async def _greedy(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images):
+        params = deepcopy(sampling_params)
+        # Greedy decoding as vLLM normalises it for temperature 0 (and as verl's ReMax asks for it).
+        params.temperature, params.top_p, params.top_k = 0.0, 1.0, -1
+        params.logprobs = None
+        out = await super().execute(prompt, label, params, max_length, hf_tokenizer, llm_engine, images)
+        start, end = out["action_ranges"][0]
+        return await self.score(prompt, response_text(out, hf_tokenizer), label), end - start
+
+    async def score(self, prompt, response, label):
+        """The shared reward of one response, from the reward server."""
+        payload = {"query": [prompt + response], "prompts": [prompt], "labels": [label]}
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        last = None
+        for _ in range(TRIES):
+            try:
+                async with aiohttp.ClientSession(timeout=timeout) as session:
+                    async with session.post(self.reward_url, json=payload) as resp:
+                        body = await resp.json(content_type=None)
+                        if 400 <= resp.status < 500:  # the request itself is wrong: asking again cannot help
+                            raise RewardRequestError(f"reward server {self.reward_url} refused the request "
+                                                     f"(HTTP {resp.status}): {body.get('error', body)}")
+                        resp.raise_for_status()
+                        return float(body["rewards"][0])
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
+                last = e
+                await asyncio.sleep(1)
+        raise RewardRequestError(f"reward server {self.reward_url}: no answer after {TRIES} tries ({last!r})")
+
+
+def response_text(output, hf_tokenizer):
+    start, end = output["action_ranges"][0]
+    return hf_tokenizer.decode(output["observation_tokens"][start:end], skip_special_tokens=True)

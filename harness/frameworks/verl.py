@@ -1,0 +1,441 @@
+"""verl 0.9.1 (PyPI `verl`): plan a ReMax run from the shared inputs, check verl's ReMax advantage, ingest its logs.
+
+Facts used here, read from verl 0.9.1's own source (installed in .venvs/verl-validate by `remax-bench env`):
+- ReMax runs only on the legacy trainer (`trainer.use_v1=False`, verl/trainer/main_ppo_v0.py with
+  verl/trainer/ppo/ray_trainer.py): the v1 trainer never fetches `reward_baselines`.
+- Each step logs one metric dict (ray_trainer.py `fit`) through verl/utils/tracking.py `Tracking`: the `file`
+  backend (`FileLogger`) writes `{"step": N, "data": {...}}` per line to $VERL_FILE_LOGGER_PATH with orjson
+  (NaN becomes null), the `console` backend (verl/utils/logger/aggregate_logger.py `LocalLogger`) prints
+  `step:N - key:pformat(value) - ...` (numbers only; numpy scalars print as `np.float64(1.0)`). The trainer runs in
+  the Ray actor `TaskRunner`, so the driver's console shows those lines behind Ray's `(TaskRunner pid=N)` prefix.
+- Metrics (verl/trainer/ppo/metric_utils.py): `timing_s/{step,gen,update_actor,update_weights,...}` wall seconds;
+  `perf/total_num_tokens` = sum of attention masks of the sampled rows (prompt + response; the greedy baseline's
+  tokens are not in it, its generation time is in `timing_s/gen`); `perf/throughput` = total / (step * n_gpus);
+  `prompt_length/mean`, `response_length/mean` over the same rows; `critic/score/mean` = raw task score,
+  `critic/rewards/mean` = after the in-reward KL penalty, whose coefficient is `actor/reward_kl_penalty_coeff`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from harness import HarnessError, metrics, task
+from harness.conformance import CASES, reference_advantages, require_baselines
+from harness.envs import REPO, env_python, ensure_env
+from harness.frameworks import Adapter, register_framework
+from harness.inputs import resolve_inputs
+from harness.io import atomic_path, write_json, write_text
+
+NAME = "verl"
+VERSION = "0.9.1"
+ENV = "verl"  # workflows/envs/verl.txt: the GPU node's environment
+VALIDATE_ENV = "verl-validate"  # workflows/envs/verl-validate.txt: CPU, config composition and core_algos only
+METRICS_LOG = "verl_metrics.jsonl"  # verl's file logger output, inside the run directory
+REWARD_BRIDGE = Path(__file__).with_name("verl_reward.py")
+TRAIN_PARQUET, VAL_PARQUET = "train.parquet", "val.parquet"
+# The raw prompt text, as the reference backend feeds it: the shared task has no chat format, and verl always
+# renders prompts through the tokenizer's chat template (actor_rollout_ref.model.custom_chat_template replaces it).
+# BOS first, as a plain encode adds it with Llama tokenizers and the harness's own.
+RAW_PROMPT_TEMPLATE = ("{% if bos_token %}{{ bos_token }}{% endif %}"
+                       "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+# Every seed key in verl 0.9.1's ppo_trainer config. The critic and reward-model ones are unused by ReMax with a
+# rule reward; they are set anyway so that no part of a run keeps verl's fixed default of 42.
+SEED_KEYS = (
+    "data.seed",
+    "actor_rollout_ref.actor.data_loader_seed",
+    "actor_rollout_ref.actor.fsdp_config.seed",
+    "actor_rollout_ref.ref.fsdp_config.seed",
+    "actor_rollout_ref.rollout.seed",
+    "critic.data_loader_seed",
+    "critic.fsdp.seed",
+    "reward.reward_model.rollout.seed",
+)
+
+
+def _hydra_value(value) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, str) and not re.fullmatch(r"[\w./+-]+", value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value)
+
+
+def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> tuple[list[str], list[dict]]:
+    """verl hydra overrides for this run, and the hyperparameter table (shared key -> verl key -> value)."""
+    rc, launch, vc = config["remax"], config["launch"], config["verl"]
+    batches_per_epoch = config["task"]["n_train"] // rc["train_batch_size"]
+    if batches_per_epoch < 1:
+        raise HarnessError(f"config: at remax.train_batch_size: {rc['train_batch_size']} exceeds task.n_train "
+                           f"({config['task']['n_train']}); verl drops incomplete batches, so no step could run")
+    table = [
+        # (shared key, shared value, verl key, value passed)
+        ("remax.steps", rc["steps"], "trainer.total_training_steps", rc["steps"]),
+        ("remax.train_batch_size", rc["train_batch_size"], "data.train_batch_size", rc["train_batch_size"]),
+        # One optimizer step per iteration, as in the reference: the PPO mini-batch is the whole batch, one epoch.
+        ("remax.train_batch_size", rc["train_batch_size"], "actor_rollout_ref.actor.ppo_mini_batch_size",
+         rc["train_batch_size"]),
+        ("remax.rollout_n", rc["rollout_n"], "actor_rollout_ref.rollout.n", rc["rollout_n"]),
+        ("remax.max_prompt_length", rc["max_prompt_length"], "data.max_prompt_length", rc["max_prompt_length"]),
+        ("remax.max_response_length", rc["max_response_length"], "data.max_response_length",
+         rc["max_response_length"]),
+        ("remax.temperature", rc["temperature"], "actor_rollout_ref.rollout.temperature", rc["temperature"]),
+        ("remax.top_p", rc["top_p"], "actor_rollout_ref.rollout.top_p", rc["top_p"]),
+        ("remax.lr", rc["lr"], "actor_rollout_ref.actor.optim.lr", rc["lr"]),
+        ("remax.grad_clip", rc["grad_clip"], "actor_rollout_ref.actor.optim.clip_grad", rc["grad_clip"]),
+        ("remax.kl_coef", rc["kl_coef"], "algorithm.kl_ctrl.kl_coef", rc["kl_coef"]),
+        # KL placement (harness.remax): per token in the reward, k1 estimator, fixed coefficient, none in the loss.
+        ("remax.kl_coef", "in the reward", "algorithm.use_kl_in_reward", True),
+        ("remax.kl_coef", "k1 (logp - ref_logp)", "algorithm.kl_penalty", "kl"),
+        ("remax.kl_coef", "fixed", "algorithm.kl_ctrl.type", "fixed"),
+        ("remax.kl_coef", "not in the loss", "actor_rollout_ref.actor.use_kl_loss", False),
+        # Absolute: launch.sh runs verl from the run directory.
+        ("policy.path", inputs["policy"]["path"], "actor_rollout_ref.model.path",
+         os.path.abspath(inputs["policy"]["path"])),
+        ("launch.gpus_per_node", launch["gpus_per_node"], "trainer.n_gpus_per_node", launch["gpus_per_node"]),
+        ("launch.nnodes", launch["nnodes"], "trainer.nnodes", launch["nnodes"]),
+        *(("seeds", seed, key, seed) for key in SEED_KEYS),
+    ]
+    overrides = [
+        "algorithm.adv_estimator=remax",
+        "trainer.use_v1=False",
+        *(f"{key}={_hydra_value(value)}" for _, _, key, value in table),
+        f"data.train_files={_hydra_value([str(plan_dir / TRAIN_PARQUET)])}",
+        f"data.val_files={_hydra_value([str(plan_dir / VAL_PARQUET)])}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        f"actor_rollout_ref.model.custom_chat_template={_hydra_value(RAW_PROMPT_TEMPLATE)}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={vc['rollout_tensor_parallel_size']}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={vc['gpu_memory_utilization']}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
+        f"reward.custom_reward_function.path={_hydra_value(str(REWARD_BRIDGE))}",
+        "reward.custom_reward_function.name=compute_score",
+        # Enough epochs for total_training_steps (verl stops at whichever comes first).
+        f"trainer.total_epochs={math.ceil(rc['steps'] / batches_per_epoch)}",
+        "trainer.logger=[console,file]",
+        "trainer.project_name=remax-bench",
+        f"trainer.experiment_name={_run_id(config, seed)}",
+        # A timed benchmark: no validation passes, no checkpoints, never resume an earlier run's state.
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+    ]
+    hyperparameters = [{"key": k, "shared": s, "framework_key": fk, "effective": v} for k, s, fk, v in table]
+    return overrides, hyperparameters
+
+
+def _run_id(config: dict, seed: int) -> str:
+    return f"{NAME}-{config['profile']}-s{seed}"
+
+
+def to_verl_rows(rows: list[dict], kind: str) -> list[dict]:
+    """Shared dataset rows -> verl's RL parquet schema (verl/utils/dataset/rl_dataset.py, examples/data_preprocess)."""
+    return [{
+        "data_source": f"remax-bench/{kind}",
+        "prompt": [{"role": "user", "content": r["prompt"]}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": r["answer"]},
+        # verl passes extra_info to compute_score; the shared reward needs the prompt (verl_reward.py).
+        "extra_info": {"index": i, "id": r["id"], "split": r["split"], "prompt": r["prompt"]},
+    } for i, r in enumerate(rows)]
+
+
+DEVIATIONS = [
+    {"key": "throughput tokens", "shared": "prompt + sampled response tokens over the whole step",
+     "effective": "perf/total_num_tokens (no greedy tokens); greedy generation time inside timing_s/gen and step",
+     "cause": "verl sends the greedy baseline requests with the samples and times them together, but counts only "
+              "the sampled rows' tokens; tokens_baseline stays empty, throughput is comparable with the harness's"},
+    {"key": "policy loss", "shared": "REINFORCE, token-mean",
+     "effective": "PPO clipped surrogate, token-mean, one mini-batch, one epoch",
+     "cause": "verl's actor always uses the clipped surrogate; with one on-policy update the ratio is 1, no token "
+              "is clipped and the gradient equals REINFORCE's"},
+    {"key": "seeds", "shared": "one seed per run",
+     "effective": "vLLM engine seed = rollout.seed + replica rank",
+     "cause": "verl seeds each vLLM replica separately (vllm_async_server.py); {actor,ref}.fsdp_config.seed acts "
+              "only with fsdp_config.full_determinism, left off for timed runs"},
+]
+
+
+def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
+    """Write the launch directory: plan.json, launch.sh, the dataset as verl parquet (train/val)."""
+    out_dir = Path(out_dir).resolve()
+    if config["launch"]["gpus_per_node"] < 1:
+        raise HarnessError("config: at launch.gpus_per_node: verl needs GPUs (0 given); use a GPU profile "
+                           "such as workflows/config/a100x8.yaml")
+    inputs = resolve_inputs(inputs_dir)
+    dataset = task.read_dataset(inputs["dataset"]["path"])
+    overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs)
+    argv = [str(env_python(ENV)), "-m", "verl.trainer.main_ppo", *overrides]
+    env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
+    plan_json = {
+        "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": ENV,
+        "argv": argv, "env_vars": env_vars,
+        "n_gpus": config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
+        "inputs": inputs, "hyperparameters": hyperparameters, "deviations": DEVIATIONS,
+    }
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
+            pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
+        write_json(tmp / "plan.json", plan_json)
+        write_text(tmp / "launch.sh", _launch_script(argv, env_vars))
+
+
+def _launch_script(argv: list[str], env_vars: dict) -> str:
+    exports = "".join(f'export {k}="{v}"\n' for k, v in env_vars.items())
+    return f"""#!/usr/bin/env bash
+# verl {VERSION} ReMax run planned by `remax-bench plan verl`; usage: bash launch.sh RUN_DIR
+# verl writes its metrics to RUN_DIR/{METRICS_LOG}; the caller (harness.launch) captures stdout/stderr to
+# RUN_DIR/console.log and copies plan.json beside them, where ingest finds the run's identity.
+set -euo pipefail
+[ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
+if [ ! -x {shlex.quote(argv[0])} ]; then
+    echo "no verl environment at {argv[0]}: build it with 'remax-bench env {ENV}'" >&2
+    exit 2
+fi
+mkdir -p "$1"
+RUN_DIR="$(cd "$1" && pwd)"
+{exports}# hydra's outputs/ and any relative path of verl's land in the run directory.
+cd "$RUN_DIR"
+exec {shlex.join(argv)}
+"""
+
+
+# ---------------------------------------------------------------------------------------------------- ingest
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_PREFIX = re.compile(r"^\((?:[\w.:-]+ )?pid=\w+(?:, ip=[\w.:-]+)?\) ")
+_CONSOLE_STEP = re.compile(r"^step:(\d+)(?: - (.*))?$")
+_NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
+REQUIRED = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "perf/total_num_tokens",
+            "prompt_length/mean", "response_length/mean", "critic/score/mean")
+OPTIONAL = ("timing_s/update_weights", "critic/rewards/mean", "actor/reward_kl_penalty_coeff", "perf/throughput")
+TRAINING_STEP = "training/global_step"
+# ray_trainer._validate's sections: a record with nothing else is a validation pass (val_before_train logs one at
+# step 0), not a training step.
+VALIDATION = ("val-core/", "val-aux/")
+
+
+def _console_value(text: str, where: str) -> float:
+    m = _NUMPY_SCALAR.match(text)
+    literal = m.group(1) if m else text
+    if literal in ("True", "False"):
+        return float(literal == "True")
+    try:
+        return float(literal)
+    except ValueError:
+        raise HarnessError(f"{where}: garbled verl console metric value {text!r}") from None
+
+
+def _parse_console_line(line: str, where: str) -> tuple[int, dict] | None:
+    line = _RAY_PREFIX.sub("", _ANSI.sub("", line.rstrip("\n")), count=1)
+    m = _CONSOLE_STEP.match(line)
+    if not m:
+        return None
+    data = {}
+    for part in m.group(2).split(" - ") if m.group(2) is not None else ():
+        key, sep, value = part.rpartition(":")
+        if not sep or not key:
+            raise HarnessError(f"{where}: garbled verl console metric {part!r} (expected key:value)")
+        data[key] = _console_value(value, where)
+    return int(m.group(1)), data
+
+
+def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{where}: not a verl file-logger record ({e.msg})") from None
+    if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict)):
+        raise HarnessError(f"{where}: expected a verl file-logger record {{\"step\": N, \"data\": {{...}}}}")
+    # orjson writes NaN as null.
+    return record["step"], {k: (math.nan if v is None else v) for k, v in record["data"].items()}
+
+
+def _identity(log: Path, n_gpus: int | None) -> dict:
+    plan_path = log.parent / "plan.json"
+    try:
+        plan_json = json.loads(plan_path.read_text())
+        ident = {k: plan_json[k] for k in ("framework_version", "run_id", "seed", "n_gpus")}
+    except FileNotFoundError:
+        raise HarnessError(f"{plan_path}: not found; the run's identity comes from the plan.json that "
+                           f"harness.launch copies beside {log.name}") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise HarnessError(f"{plan_path}: not a verl plan.json ({e})") from None
+    if plan_json.get("framework") != NAME:
+        raise HarnessError(f"{plan_path}: planned for framework {plan_json.get('framework')!r}, not {NAME!r}")
+    if n_gpus is not None:
+        ident["n_gpus"] = n_gpus
+    return {"framework": NAME, **ident}
+
+
+def _step_row(step: int, data: dict, where: str, ident: dict) -> dict:
+    missing = [k for k in (TRAINING_STEP, *REQUIRED) if k not in data]
+    if missing:
+        raise HarnessError(f"{where}: verl step {step} lacks {', '.join(missing)} (truncated log?)")
+    used = (TRAINING_STEP, *REQUIRED, *(k for k in OPTIONAL if k in data))
+    bad = [k for k in used if isinstance(data[k], bool) or not isinstance(data[k], (int, float))]
+    if bad:
+        raise HarnessError(f"{where}: verl step {step}: {bad[0]} is {data[bad[0]]!r}, not a number")
+    if data[TRAINING_STEP] != step:
+        raise HarnessError(f"{where}: record for step {step} has {TRAINING_STEP} {data[TRAINING_STEP]}")
+    total, prompt_mean, response_mean = (data[k] for k in
+                                         ("perf/total_num_tokens", "prompt_length/mean", "response_length/mean"))
+    if not prompt_mean + response_mean > 0:
+        raise HarnessError(f"{where}: verl step {step}: prompt_length/mean + response_length/mean is not positive")
+    # The means are over the same rows whose attention masks make up the total, so total / (sum of means) is
+    # the number of rows and each mean times it is that part's token count.
+    rows = total / (prompt_mean + response_mean)
+    coef = data.get("actor/reward_kl_penalty_coeff", math.nan)
+    # score - reward = coef * mean over samples of the summed per-token KL (ray_trainer.apply_kl_penalty).
+    kl_mean = ((data["critic/score/mean"] - data["critic/rewards/mean"]) / coef
+               if coef and not math.isnan(coef) and "critic/rewards/mean" in data else math.nan)
+    return {
+        **ident,
+        "step": step,
+        "time_step_s": data["timing_s/step"],
+        "time_gen_s": data["timing_s/gen"],
+        "time_transition_s": data.get("timing_s/update_weights", math.nan),
+        "time_train_s": data["timing_s/update_actor"],
+        "tokens_prompt": prompt_mean * rows,
+        "tokens_response": response_mean * rows,
+        "tokens_baseline": math.nan,  # verl does not count the greedy baseline's tokens
+        "reward_mean": data["critic/score/mean"],
+        "reward_baseline_mean": math.nan,  # not logged by verl
+        "kl_mean": kl_mean,
+        "response_length_mean": response_mean,
+        # verl's own figure is per GPU (total / (step time * n_gpus)): times the run's GPUs for the cross-check.
+        metrics.FRAMEWORK_THROUGHPUT: data.get("perf/throughput", math.nan) * ident["n_gpus"],
+    }
+
+
+def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+    """verl's file-logger JSONL (*.jsonl) or its console output (anything else) -> the common schema."""
+    rows = []
+    for log in map(Path, logs):
+        ident = _identity(log, n_gpus)
+        parse = _parse_jsonl_line if log.suffix == ".jsonl" else _parse_console_line
+        found = 0
+        with open(log, errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                where = f"{log}:{lineno}"
+                parsed = parse(line, where)
+                if parsed is None:
+                    continue
+                step, data = parsed
+                if data and all(k.startswith(VALIDATION) for k in data):
+                    continue
+                rows.append(_step_row(step, data, where, ident))
+                found += 1
+        if not found:
+            raise HarnessError(f"{log}: no verl training-step metrics found (expected "
+                               + ("file-logger records" if log.suffix == ".jsonl" else "'step:N - ...' lines")
+                               + f" with {TRAINING_STEP})")
+    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+
+
+# ----------------------------------------------------------------------------------------------- conformance
+
+# Run in verl's environment: verl's own code on the shared vectors. The sampled scores go through verl's reward
+# placement (RewardManagerBase.assemble_rm_scores is not importable without aiohttp, so its one line is mirrored:
+# score at index valid_response_length - 1), the KL through verl's core_algos.kl_penalty and the fixed coefficient
+# as ray_trainer.apply_kl_penalty applies it, the advantage through the estimator verl registers as "remax", called
+# with the keyword arguments ray_trainer.compute_advantage builds.
+_CONFORMANCE_SCRIPT = r"""
+import json, sys
+import numpy as np, torch
+from verl.trainer.config import AlgoConfig
+from verl.trainer.ppo import core_algos
+from harness.conformance import CASES
+
+fn = core_algos.get_adv_estimator_fn("remax")
+assert fn is core_algos.compute_remax_outcome_advantage
+out = {}
+for name, case in CASES.items():
+    mask = torch.tensor(case["mask"], dtype=torch.float32)
+    if "token_scores" in case:
+        scores = torch.tensor(case["token_scores"], dtype=torch.float32) * mask
+    else:
+        scores = torch.zeros_like(mask)
+        scores[torch.arange(len(mask)), mask.sum(-1).long() - 1] = torch.tensor(case["scores"], dtype=torch.float32)
+    kl = torch.tensor(case["kl"], dtype=torch.float32)
+    kld = core_algos.kl_penalty(kl, torch.zeros_like(kl), kl_penalty="kl") * mask
+    rewards = scores - core_algos.FixedKLController(kl_coef=case["kl_coef"]).value * kld
+    kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": AlgoConfig(adv_estimator="remax"),
+              "index": np.array([str(i) for i in range(len(mask))], dtype=object)}
+    adv, _ = fn(**kwargs, reward_baselines=torch.tensor(case["baselines"], dtype=torch.float32))
+    out[name] = adv.tolist()
+    if name == "outcome":
+        try:  # a batch without reward_baselines, as ray_trainer.compute_advantage passes it on
+            fn(**kwargs)
+            out["missing_baseline"] = None
+        except Exception as e:
+            out["missing_baseline"] = f"{type(e).__name__}: {e}"
+json.dump(out, sys.stdout)
+"""
+
+
+def run_verl_conformance(python: Path) -> dict:
+    proc = subprocess.run([str(python), "-c", _CONFORMANCE_SCRIPT], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    if proc.returncode:
+        raise HarnessError(f"verl conformance script failed in {python}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def conformance() -> pd.DataFrame:
+    """verl's ReMax advantage on harness.conformance.CASES vs the reference, one row per case."""
+    verl_out = run_verl_conformance(ensure_env(VALIDATE_ENV))
+    rows = []
+    for name, case in CASES.items():
+        ours = reference_advantages(case)
+        theirs = torch.tensor(verl_out[name])
+        diff = float((theirs - ours).abs().max())
+        note = case["description"]
+        if "token_scores" in case:
+            mask = torch.tensor(case["mask"], dtype=torch.float32)
+            drift = float(((theirs - theirs[:, :1]) * mask).abs().max())
+            note += (f"; verl, like the reference, subtracts the greedy response's summed reward from the sampled "
+                     f"reward-to-go at every token, so later tokens compare a partial sampled return with the full "
+                     f"greedy return: within one response the advantage moves by up to {drift:.4g} from its first "
+                     f"token's (the sequence-level advantage)")
+        rows.append({"framework": NAME, "case": name, "max_abs_diff": diff,
+                     "verdict": "match" if diff <= 1e-6 else "differs", "note": note})
+    try:
+        require_baselines(["p0", "p1"], {"p0": 0.5})
+        harness_says = "not detected"
+    except HarnessError as e:
+        harness_says = str(e)
+    rows.append({"framework": NAME, "case": "missing_baseline", "max_abs_diff": math.nan, "verdict": "differs",
+                 "note": f"verl: {verl_out['missing_baseline'] or 'no error'} (inside the advantage step, after "
+                         f"generation and reward); harness.conformance.require_baselines stops before training: "
+                         f"{harness_says}"})
+    return pd.DataFrame(rows)
+
+
+register_framework(Adapter(
+    name=NAME,
+    description=f"verl {VERSION} (legacy PPO trainer, adv_estimator=remax, vLLM rollout, FSDP actor); needs GPUs",
+    ingest=ingest,
+    log_glob=METRICS_LOG,
+    plan=plan,
+    needs_gpu=True,
+    env=ENV,
+    conformance=conformance,
+))

@@ -1,0 +1,199 @@
+"""The append-only results history: every pipeline run's per-run summaries, kept across nightly runs.
+
+Layout: `RESULTS/history/<time>-<pipeline run id>.jsonl`, one file per pipeline run, one JSON object per line
+(one line per framework and seed). A file is written whole under a temporary name, fsynced and renamed into place,
+so a concurrent or interrupted writer never leaves a torn row and never touches an earlier file. The pipeline run
+id is a hash of the run's summary and manifests: appending the same pipeline run twice (a rule rerun, a manual
+call) finds its file and writes nothing.
+
+A row carries everything the regression check needs without the run directory: the identity (profile, hardware,
+framework, framework version, config hash), the summary metrics, a compact reward curve (for time-to-reward) and
+the provenance from the manifest (package versions, harness commit, effective config, input hashes).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.io import atomic_path
+from harness.metrics import read_metrics
+
+SCHEMA_VERSION = 1
+HISTORY_DIR = "history"
+# The columns of summary.csv that are measurements (the rest are identity or counts).
+METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "time_step_s_median", "time_gen_s_median",
+           "time_transition_s_median", "time_train_s_median", "time_transition_s_p90", "wall_time_s",
+           "reward_first10", "reward_last10", "reward_gain", "eval_accuracy_before", "eval_accuracy_after")
+CURVE_POINTS = 50
+REQUIRED = {"schema": int, "pipeline_run": str, "pipeline_time": str, "profile": str, "hardware": str,
+            "framework": str, "framework_version": str, "config_hash": str, "run_id": str, "seed": int,
+            "metrics": dict, "curve": dict, "provenance": dict}
+
+
+def hardware_label(hw: dict) -> str:
+    """A readable fingerprint of the machine: runs are only compared on the same one."""
+    gpus = hw.get("gpus") or []
+    accel = "no GPU" if not gpus else ", ".join(f"{gpus.count(g)}x {g}" for g in sorted(set(gpus)))
+    return f"{hw.get('cpu')} ({hw.get('cpu_count')} CPUs, {hw.get('machine')}); {accel}"
+
+
+def series_key(row: dict) -> tuple[str, str, str]:
+    """Rows with equal keys are one benchmark series: same profile, same machine, same framework.
+
+    Framework version, config hash and harness commit are not part of the key on purpose: a change in any of them
+    is exactly what the nightly check must catch, so it is compared against the series and named as a cause.
+    """
+    return row["profile"], row["hardware"], row["framework"]
+
+
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
+    """The reward curve, smoothed over a tenth of the run, at up to `points` steps, with elapsed step time.
+
+    Enough to tell when a run first reached a reward level, and at what training time (time-to-reward).
+    """
+    df = metrics.sort_values("step")
+    window = max(1, int(round(len(df) * 0.1)))
+    smooth = df["reward_mean"].rolling(window, min_periods=1).mean()
+    elapsed = df["time_step_s"].cumsum()
+    idx = sorted({int(round(i)) for i in [k * (len(df) - 1) / max(1, points - 1) for k in range(points)]})
+    return {"step": [int(df["step"].iloc[i]) for i in idx],
+            "elapsed_s": [round(float(elapsed.iloc[i]), 4) for i in idx],
+            "reward": [round(float(smooth.iloc[i]), 5) for i in idx]}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HarnessError(f"{path}: missing (the run directory has no manifest)") from None
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path}: expected a JSON object")
+    return data
+
+
+def pipeline_rows(results_dir: str | Path) -> list[dict]:
+    """History rows of the pipeline run whose outputs are in `results_dir` (summary, manifests, metrics)."""
+    results_dir = Path(results_dir)
+    summary_path = results_dir / "summary.csv"
+    if not summary_path.is_file():
+        raise HarnessError(f"{summary_path}: missing: no pipeline run in {results_dir} (run the pipeline first)")
+    try:
+        summary = pd.read_csv(summary_path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise HarnessError(f"{summary_path}: not a summary CSV ({e})") from None
+    missing = [c for c in ("framework", "framework_version", "run_id", "seed", "throughput_tok_s")
+               if c not in summary.columns]
+    if missing or summary.empty:
+        raise HarnessError(f"{summary_path}: not a summary (" + (f"missing {', '.join(missing)})" if missing
+                                                                 else "no rows)"))
+    digest = hashlib.sha256(summary_path.read_bytes())
+    rows = []
+    for r in summary.to_dict("records"):
+        manifest_path = results_dir / "runs" / r["framework"] / f"seed{r['seed']}" / "manifest.json"
+        manifest = _read_json(manifest_path)
+        digest.update(manifest_path.read_bytes())
+        for key in ("profile", "config_hash", "config", "hardware", "created"):
+            if key not in manifest:
+                raise HarnessError(f"{manifest_path}: lacks {key!r}")
+        metrics = read_metrics(results_dir / "metrics" / r["framework"] / f"seed{r['seed']}.parquet")
+        rows.append({
+            "schema": SCHEMA_VERSION,
+            "profile": manifest["profile"],
+            "hardware": hardware_label(manifest["hardware"]),
+            "framework": r["framework"],
+            "framework_version": str(r["framework_version"]),
+            "config_hash": manifest["config_hash"],
+            "run_id": r["run_id"],
+            "seed": int(r["seed"]),
+            "created": manifest["created"],
+            "metrics": {k: _finite(r[k]) for k in METRICS if k in r},
+            "curve": reward_curve(metrics),
+            "provenance": {"versions": manifest.get("versions", {}), "git": manifest.get("git", {}),
+                           "config": manifest["config"], "hardware": manifest["hardware"],
+                           "inputs": {k: v.get("sha256") for k, v in manifest.get("inputs", {}).items()}},
+        })
+    run_id = digest.hexdigest()[:16]
+    when = max(r["created"] for r in rows)
+    for r in rows:
+        r.update(pipeline_run=run_id, pipeline_time=when)
+    return rows
+
+
+def _file_name(rows: list[dict]) -> str:
+    stamp = rows[0]["pipeline_time"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    return f"{stamp}-{rows[0]['pipeline_run']}.jsonl"
+
+
+def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tuple[Path, list[dict], bool]:
+    """Add the pipeline run in `results_dir` to the history once. Returns (file, rows, newly written)."""
+    rows = pipeline_rows(results_dir)
+    history_dir = Path(history_dir) if history_dir else Path(results_dir) / HISTORY_DIR
+    existing = sorted(history_dir.glob(f"*-{rows[0]['pipeline_run']}.jsonl"))
+    if existing:
+        return existing[0], rows, False
+    appended = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    text = "".join(json.dumps({**r, "appended": appended}, sort_keys=True, allow_nan=False) + "\n" for r in rows)
+    dest = history_dir / _file_name(rows)
+    with atomic_path(dest) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    fd = os.open(history_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself reaches the disk before we report success
+    finally:
+        os.close(fd)
+    return dest, rows, True
+
+
+def _check_row(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise HarnessError(f"{where}: expected a JSON object per line")
+    for key, kind in REQUIRED.items():
+        if key not in row:
+            raise HarnessError(f"{where}: row lacks {key!r}")
+        if not isinstance(row[key], kind) or (kind is int and isinstance(row[key], bool)):
+            raise HarnessError(f"{where}: {key!r} should be {kind.__name__}, got {type(row[key]).__name__}")
+    if row["schema"] != SCHEMA_VERSION:
+        raise HarnessError(f"{where}: history schema {row['schema']} (this harness reads {SCHEMA_VERSION})")
+    for name, value in row["metrics"].items():
+        if value is not None and not isinstance(value, (int, float)):
+            raise HarnessError(f"{where}: metric {name!r} is not a number ({value!r})")
+    return row
+
+
+def read_history(history_dir: str | Path) -> list[dict]:
+    """Every row, checked; in pipeline-run order. A damaged row stops the read, naming file and line."""
+    history_dir = Path(history_dir)
+    if history_dir.exists() and not history_dir.is_dir():
+        raise HarnessError(f"{history_dir}: expected the history directory, found a file")
+    rows = []
+    for path in sorted(history_dir.glob("*.jsonl")):
+        with open(path) as f:
+            for lineno, line in enumerate(f, 1):
+                where = f"{path}:{lineno}"
+                if not line.endswith("\n"):
+                    raise HarnessError(f"{where}: incomplete row (no line end): the file was cut off")
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise HarnessError(f"{where}: corrupt row, not valid JSON ({e.msg}, column {e.colno})") from None
+                rows.append(_check_row(row, where) | {"_source": where})
+    rows.sort(key=lambda r: (r["pipeline_time"], r["pipeline_run"], r["framework"], r["seed"]))
+    return rows

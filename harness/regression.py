@@ -1,0 +1,452 @@
+"""Regression check: the latest pipeline run against the committed baseline, judged by the noise in the history.
+
+The method (docs/regression.md explains it for users):
+- Values are compared per seed, paired: a seed's workload is deterministic (same tokens every run), so its
+  change against the same seed in the baseline is a change in speed, not in workload.
+- The run's change is the median over its seeds of the per-seed changes (log scale for times and rates): a load
+  spike that hits one seed cannot raise an alert alone; at least half the seeds must show it (within-run
+  replication).
+- Noise comes from the history of the same series (profile, hardware, framework): each past run's per-seed value
+  minus the rolling median of that seed's neighbouring runs, median over seeds, then 1.4826 x MAD of those
+  residuals. Rolling medians and MAD let an earlier regression or a freak run neither hide nor fake noise.
+- A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
+  and by more than any past run deviated (heavy tails), in this run or on average over this and the previous run
+  (persistence). With fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
+Throughput and transition time alert (exit 1). Final reward and time-to-reward are an advisory class: reported,
+never the exit status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness import HarnessError
+from harness.history import HISTORY_DIR, SCHEMA_VERSION, pipeline_rows, read_history, series_key
+from harness.io import write_json, write_text
+
+Z_CRIT = 3.0
+MIN_HISTORY = 8
+MIN_BASELINE_RUNS = 3
+NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
+MAD_TO_SIGMA = 1.4826
+REWARD_TARGET_FRACTION = 0.8
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    kind: str  # "alert" or "advisory"
+    higher_is_better: bool
+    log_scale: bool  # compare ratios (times, rates) rather than differences (rewards)
+    min_effect: float  # log-ratio or absolute difference below which no change matters
+
+    def transform(self, x: float) -> float:
+        return math.log(x) if self.log_scale else x
+
+    def change(self, delta: float) -> float:
+        """A difference in transformed units as the user reads it: % for ratios, absolute otherwise."""
+        return 100 * math.expm1(delta) if self.log_scale else delta
+
+
+METRICS = (
+    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97)),
+    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10)),
+    Metric("reward_last10", "final reward (last 10% of steps)", "advisory", True, False, 0.05),
+    Metric("time_to_reward_s", "time to reward target (s of training)", "advisory", False, True, math.log(1.25)),
+)
+
+
+def time_to_reward(curve: dict, target: float) -> float | None:
+    """Training time (summed step time) at which the smoothed reward first reached `target`; None if never."""
+    for elapsed, reward in zip(curve["elapsed_s"], curve["reward"]):
+        if reward >= target:
+            return float(elapsed)
+    return None
+
+
+# ---------------------------------------------------------------- baselines
+
+def _load_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HarnessError(f"{path}: {what} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HarnessError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path}: {what} should be a JSON object")
+    return data
+
+
+def load_baseline(path: str | Path) -> dict:
+    path = Path(path)
+    base = _load_json(path, "baseline")
+    for key in ("schema", "profile", "hardware", "frameworks"):
+        if key not in base:
+            raise HarnessError(f"{path}: not a baseline (no {key!r}; write one with `remax-bench baseline update`)")
+    if base["schema"] != SCHEMA_VERSION:
+        raise HarnessError(f"{path}: baseline schema {base['schema']} (this harness reads {SCHEMA_VERSION})")
+    for fw, entry in base["frameworks"].items():
+        runs = entry.get("runs") if isinstance(entry, dict) else None
+        if not runs or not all(isinstance(r, dict) and {"pipeline_run", "seed", "metrics"} <= r.keys() for r in runs):
+            raise HarnessError(f"{path}: frameworks.{fw}: expected 'runs' with pipeline_run, seed and metrics")
+    return base
+
+
+def experiment_config(row: dict) -> dict:
+    """The part of a run's config that defines its experiment: all of it except what no run of this framework
+    reads: other frameworks' own blocks, the list of frameworks in the pipeline, the report's settings."""
+    from harness.frameworks import known_frameworks
+
+    others = set(known_frameworks()) - {row["framework"]} | {"frameworks", "report"}
+    return {k: v for k, v in row["provenance"]["config"].items() if k not in others}
+
+
+def _pipeline_runs(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["pipeline_run"] for r in rows))
+
+
+def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | None = None, last: int = 5,
+                   command: str = "") -> dict:
+    """A baseline from chosen history rows: the given pipeline runs (id or unique prefix), else the last `last`."""
+    history_dir = Path(history_dir)
+    rows = [r for r in read_history(history_dir) if r["profile"] == profile]
+    if not rows:
+        raise HarnessError(f"{history_dir}: no history rows for profile {profile!r}")
+    available = _pipeline_runs(rows)
+    if runs:
+        chosen = []
+        for want in runs:
+            hits = [p for p in available if p.startswith(want)]
+            if len(hits) != 1:
+                raise HarnessError(f"{history_dir}: pipeline run {want!r} " +
+                                   ("not found" if not hits else f"is ambiguous ({', '.join(hits)})") +
+                                   f" among profile {profile!r} runs")
+            chosen.append(hits[0])
+    else:
+        chosen = available[-last:]
+    if len(set(chosen)) < MIN_BASELINE_RUNS:
+        raise HarnessError(f"{history_dir}: a baseline needs at least {MIN_BASELINE_RUNS} pipeline runs of profile "
+                           f"{profile!r}; {len(set(chosen))} chosen")
+    rows = [r for r in rows if r["pipeline_run"] in chosen]
+    hardware = {r["hardware"] for r in rows}
+    if len(hardware) > 1:
+        raise HarnessError(f"{history_dir}: the chosen runs come from different machines ({' | '.join(hardware)}); "
+                           "choose runs of one machine with --runs")
+    frameworks = {}
+    for fw in sorted({r["framework"] for r in rows}):
+        fw_rows = [r for r in rows if r["framework"] == fw]
+        versions = {r["framework_version"] for r in fw_rows}
+        if len(versions) > 1:
+            raise HarnessError(f"{history_dir}: {fw}: the chosen runs differ in framework_version "
+                               f"({', '.join(sorted(versions))}); a baseline is one experiment: choose runs with --runs")
+        first_config = experiment_config(fw_rows[0])
+        differing = sorted({d["key"] for r in fw_rows[1:] for d in _diff(first_config, experiment_config(r))})
+        if differing:
+            raise HarnessError(f"{history_dir}: {fw}: the chosen runs differ in config ({', '.join(differing)}); "
+                               "a baseline is one experiment: choose runs with --runs")
+        first = float(np.median([r["metrics"]["reward_first10"] for r in fw_rows]))
+        last_ = float(np.median([r["metrics"]["reward_last10"] for r in fw_rows]))
+        target = first + REWARD_TARGET_FRACTION * (last_ - first)
+        newest = fw_rows[-1]
+        frameworks[fw] = {
+            "framework_version": newest["framework_version"],
+            "config_hash": newest["config_hash"],
+            "config_hashes": sorted({r["config_hash"] for r in fw_rows}),
+            "reward_target": round(target, 5),
+            "provenance": newest["provenance"],
+            "runs": [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "run_id": r["run_id"],
+                      "seed": r["seed"], "source": r["_source"],
+                      "metrics": {**r["metrics"], "time_to_reward_s": time_to_reward(r["curve"], target)}}
+                     for r in fw_rows],
+        }
+    return {
+        "schema": SCHEMA_VERSION,
+        "profile": profile,
+        "hardware": rows[0]["hardware"],
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "pipeline_runs": [{"pipeline_run": p, "pipeline_time": next(r["pipeline_time"] for r in rows
+                                                                    if r["pipeline_run"] == p)} for p in chosen],
+        "frameworks": frameworks,
+    }
+
+
+# ---------------------------------------------------------------- the check
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _diff(before: dict, after: dict) -> list[dict]:
+    a, b = _flatten(before or {}), _flatten(after or {})
+    return [{"key": k, "baseline": a.get(k), "current": b.get(k)}
+            for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def what_changed(base: dict, current: dict) -> dict:
+    """Differences between the baseline's provenance and the current run's: the likely causes, at a glance."""
+    bp, cp = base["provenance"], current["provenance"]
+    return {
+        "framework_version": _diff({"framework_version": base["framework_version"]},
+                                   {"framework_version": current["framework_version"]}),
+        "config": _diff(bp.get("config"), cp.get("config")),
+        "harness_commit": _diff(bp.get("git"), cp.get("git")),
+        "packages": _diff(bp.get("versions"), cp.get("versions")),
+        "inputs": _diff(bp.get("inputs"), cp.get("inputs")),
+    }
+
+
+def run_residuals(table: pd.DataFrame) -> np.ndarray:
+    """Each past run's change against its neighbours, from a (runs in time order) x (seeds) table.
+
+    Each value minus the median of the same seed's neighbouring runs (NEIGHBOURS on each side, itself left out),
+    median over seeds: the statistic the check computes for the current run, on runs with no known change.
+    """
+    values = table.to_numpy(dtype=float)
+    residuals = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a seed absent from some runs
+        for i in range(len(values)):
+            lo, hi = max(0, i - NEIGHBOURS), min(len(values), i + NEIGHBOURS + 1)
+            around = np.delete(values[lo:hi], i - lo, axis=0)
+            if len(around):
+                per_seed = values[i] - np.nanmedian(around, axis=0)
+                if not np.all(np.isnan(per_seed)):
+                    residuals.append(np.nanmedian(per_seed))
+    return np.asarray(residuals)
+
+
+def noise_level(table: pd.DataFrame) -> tuple[float, int]:
+    """Robust run-to-run noise (1.4826 x MAD of the run residuals) and how many runs it rests on."""
+    r = run_residuals(table)
+    if not len(r):
+        return float("nan"), 0
+    return float(MAD_TO_SIGMA * np.median(np.abs(r - np.median(r)))), len(r)
+
+
+def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
+    records = [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "seed": r["seed"],
+                "value": metric.transform(v)} for r in rows if (v := values(r)) is not None and
+               (not metric.log_scale or v > 0)]
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame(records)
+    order = df.groupby("pipeline_run")["pipeline_time"].first().sort_values().index
+    return df.pivot_table(index="pipeline_run", columns="seed", values="value", aggfunc="median").loc[order]
+
+
+def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
+           history: pd.DataFrame, previous: dict[int, float | None] | None = None) -> dict:
+    """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
+
+    `current`, `previous` (the last run in the history): seed -> value; `baseline`: seed -> values over its runs;
+    `history`: past runs x seeds of transformed values (for the noise).
+    """
+    tr = metric.transform
+    base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
+    seeds = sorted(s for s in current if s in base_ref)
+    n_history = int(len(history))
+    sigma, n_resid = noise_level(history) if n_history else (float("nan"), 0)
+    resid = run_residuals(history) if n_history else np.array([])
+    # The widest no-change deviation the history holds: on a shared machine noise has heavy tails that a
+    # MAD from a few runs underestimates, so a change must also beat what the series has already shown.
+    largest = float(np.max(np.abs(resid - np.median(resid)))) if len(resid) else float("nan")
+    n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
+    unit = "%" if metric.log_scale else ""
+    out = {"metric": metric.name, "label": metric.label, "class": metric.kind,
+           "baseline": float(np.median([v for vs in baseline.values() for v in vs])) if baseline else None,
+           "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
+           "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
+                                 f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more than "
+                                 "any past run deviated, in this run or on average over this and the previous run "
+                                 "(same direction in both)"),
+                        "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_two_runs": None,
+                        "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
+                        "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
+                        "per_seed_change": {}}}
+    if not seeds:
+        out.update(status="no comparison", reason="no seed in common with the baseline")
+        return out
+    missing = [s for s in seeds if current[s] is None]
+    present = [s for s in seeds if current[s] is not None]
+    if present:
+        out["current"] = float(np.median([current[s] for s in present]))
+    if missing and metric.name == "time_to_reward_s":
+        out.update(status="regression" if len(missing) * 2 >= len(seeds) else "ok",
+                   reason=f"seeds {missing} never reached the reward target")
+        return out
+    sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
+
+    def worse_of(values):
+        per_seed = {s: sign * (tr(values[s]) - base_ref[s]) for s in seeds if values.get(s) is not None}
+        return (float(np.median(list(per_seed.values()))) if per_seed else None), per_seed
+
+    worse, per_seed = worse_of(current)
+    out["change"] = metric.change(sign * worse)
+    out["evidence"]["per_seed_change"] = {str(s): round(metric.change(sign * w), 4) for s, w in per_seed.items()}
+    if n_resid < MIN_HISTORY or math.isnan(sigma):
+        out.update(status="insufficient history",
+                   reason=f"{n_resid} past runs give the noise level; {MIN_HISTORY} are needed to judge a change")
+        return out
+    sigma = max(sigma, 1e-12)  # a deterministic metric (a reward with fixed seeds) has no noise: the effect decides
+    z = worse / sigma
+    out["evidence"]["z"] = z
+    before, _ = worse_of(previous) if previous else (None, {})
+    z2 = None if before is None else (worse + before) / 2 / (sigma / math.sqrt(2))
+    out["evidence"]["z_two_runs"] = z2
+
+    def decided(w, zz, w_prev=None):
+        beyond = largest / (1 if w_prev is None else math.sqrt(2))
+        return w >= metric.min_effect and zz >= Z_CRIT and w > beyond and (w_prev is None or w_prev > 0 < w)
+
+    if decided(worse, z):
+        out["status"] = "regression"
+    elif z2 is not None and decided((worse + before) / 2, z2, before):
+        out.update(status="regression", reason="persisted over this and the previous run")
+    elif decided(-worse, -z):
+        out["status"] = "improved"
+    else:
+        out["status"] = "ok"
+    return out
+
+
+def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
+    target = base.get("reward_target")
+    extract = {m.name: (lambda m: lambda r: r["metrics"].get(m.name))(m) for m in METRICS}
+    extract["time_to_reward_s"] = lambda r: (r["metrics"].get("time_to_reward_s") if "curve" not in r
+                                             else time_to_reward(r["curve"], target) if target is not None else None)
+    # Noise from the history of the series; the baseline's own runs fill in what the history does not hold.
+    known = {r["pipeline_run"] for r in history}
+    series = history + [{**r, "pipeline_time": r.get("pipeline_time", "")} for r in base["runs"]
+                        if r["pipeline_run"] not in known]
+    last_run = history[-1]["pipeline_run"] if history else None
+    checks = []
+    for m in METRICS:
+        baseline = {}
+        for r in base["runs"]:
+            v = extract[m.name](r)
+            if v is not None and (not m.log_scale or v > 0):
+                baseline.setdefault(r["seed"], []).append(v)
+        current = {r["seed"]: extract[m.name](r) for r in cur_rows}
+        current = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in current.items()}
+        previous = {r["seed"]: extract[m.name](r) for r in history if r["pipeline_run"] == last_run}
+        previous = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in previous.items()}
+        checks.append({"framework": fw, **assess(m, current, baseline, _series_table(series, m, extract[m.name]),
+                                                 previous or None)})
+    return checks
+
+
+def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
+    """Compare the pipeline run in `results_dir` with the baseline and the history; write the alerts; return them."""
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise HarnessError(f"{results_dir}: results directory not found")
+    base = load_baseline(baseline_path)
+    current = pipeline_rows(results_dir)
+    now = current[0]
+    for key in ("profile", "hardware"):
+        if base[key] != now[key]:
+            raise HarnessError(f"{baseline_path}: baseline is for {key} {base[key]!r}, but the run in {results_dir} "
+                               f"is {key} {now[key]!r}: compare like with like (write a baseline for this {key} "
+                               "with `remax-bench baseline update`)")
+    history = [r for r in read_history(results_dir / HISTORY_DIR)
+               if r["pipeline_run"] != now["pipeline_run"] and r["pipeline_time"] <= now["pipeline_time"]]
+    checks, changes = [], {}
+    for fw in sorted({r["framework"] for r in current}):
+        cur_rows = [r for r in current if r["framework"] == fw]
+        if fw not in base["frameworks"]:
+            checks.append({"framework": fw, "metric": "*", "class": "alert", "status": "no comparison",
+                           "reason": f"no baseline for framework {fw!r} in {baseline_path}"})
+            continue
+        b = base["frameworks"][fw]
+        series = [r for r in history if series_key(r) == series_key(cur_rows[0])]
+        checks += _check_framework(fw, cur_rows, b, series)
+        changes[fw] = what_changed(b, cur_rows[0])
+    alerts = [c for c in checks if c["class"] == "alert" and c["status"] == "regression"]
+    advisories = [c for c in checks if c["class"] == "advisory" and c["status"] == "regression"]
+    undecided = [c for c in checks if c["class"] == "alert" and c["status"] in ("insufficient history",
+                                                                                  "no comparison")]
+    status = "regression" if alerts else "insufficient history" if undecided else "ok"
+    return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
+            "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
+            "hardware": now["hardware"], "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "noise": "1.4826 x MAD of run residuals "
+                       f"around a rolling median of {2 * NEIGHBOURS} neighbouring runs, median over seeds"},
+            "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
+
+
+# ---------------------------------------------------------------- rendering
+
+def _fmt(value, unit: str | None = None) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "%":
+        return f"{value:+.1f}%"
+    return f"{value:+.3f}" if unit == "absolute" else f"{value:.4g}"
+
+
+def _changes_md(changes: dict) -> list[str]:
+    lines = []
+    for fw, groups in changes.items():
+        items = [f"- {group}: `{d['key']}` {d['baseline']!r} -> {d['current']!r}"
+                 for group, diffs in groups.items() for d in diffs]
+        lines += [f"### {fw}", *(items or ["- nothing: same framework version, config, harness commit, packages, "
+                                          "inputs"]), ""]
+    return lines
+
+
+def render_markdown(result: dict) -> str:
+    head = {"regression": "REGRESSION: a throughput or transition-time regression was found",
+            "ok": "OK: no regression", "insufficient history":
+            "NOT JUDGED: too little history to know the noise (see below); no alert raised"}[result["status"]]
+    lines = [f"# Regression check: {head}", "",
+             f"- run: `{result['pipeline_run']}` ({result['pipeline_time']}), profile `{result['profile']}`",
+             f"- hardware: {result['hardware']}", f"- baseline: `{result['baseline']}`", ""]
+    header = ["| framework | metric | status | baseline | current | change | noise (1 sigma) | z | history runs |"
+              " seeds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def row(c):
+        if c.get("metric") == "*":
+            return f"| {c['framework']} | * | {c['status']}: {c['reason']} | | | | | | | |"
+        ev = c["evidence"]
+        unit = c["unit"]
+        status = c["status"] + (f" ({c['reason']})" if c.get("reason") else "")
+        z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
+        return (f"| {c['framework']} | {c['label']} | {status} | {_fmt(c['baseline'])} | {_fmt(c['current'])} |"
+                f" {_fmt(c['change'], unit)} | {_fmt(ev['noise'], unit).lstrip('+')} | {z} | {ev['n_history_runs']} |"
+                f" {len(ev['seeds'])} |")
+
+    for title, kind in (("Alerts (throughput, transition time)", "alert"),
+                        ("Advisory (reward curve; never fails the check)", "advisory")):
+        lines += [f"## {title}", "", *header, *[row(c) for c in result["checks"] if c["class"] == kind], ""]
+    lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
+    lines += ["## Method", "",
+              "Change = median over seeds of each seed's change against the same seed in the baseline (paired; log "
+              "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
+              f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
+              f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
+              "(in this run, or on average over this and the previous run); with fewer than "
+              f"{MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+    return "\n".join(lines)
+
+
+def write_alerts(result: dict, results_dir: str | Path) -> None:
+    results_dir = Path(results_dir)
+    write_json(results_dir / "alerts.json", result)
+    write_text(results_dir / "alerts.md", render_markdown(result))

@@ -1,0 +1,605 @@
+"""DeepSpeed-Chat adapter: plan, ingest, the launcher's hybrid-engine timing against real DeepSpeed on the CPU,
+and (where the pinned liziniu/ReMax checkout is present) ReMax's own parser, trainer step and return computation.
+
+Tests that need the checkout skip without it (CI has no GitHub access): set REMAX_BENCH_REMAX_CHECKOUT to a checkout
+of liziniu/ReMax at 536ba49 to run them. The dschat-cpu-test environment (real DeepSpeed, DS_BUILD_OPS=0) is
+built once per machine by harness.envs.ensure_env.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from harness import HarnessError
+from harness.config import validate_config
+from harness.frameworks import dschat, get_adapter
+from harness.io import write_json, write_text
+from harness.policy import train_tokenizer
+from harness.task import generate, to_jsonl
+
+FIXTURES = REPO / "tests" / "fixtures" / "dschat"
+CHECKOUT = os.environ.get(dschat.CHECKOUT_ENV)
+needs_checkout = pytest.mark.skipif(
+    not (CHECKOUT and (Path(CHECKOUT) / dschat.MAIN).is_file()),
+    reason=f"no liziniu/ReMax checkout at {dschat.REMAX_COMMIT[:7]} ({dschat.CHECKOUT_ENV} unset; CI has no GitHub "
+           "access): ReMax's own code cannot be imported, so nothing stands in for it")
+
+
+def small_a100x8(**remax):
+    """The 8xA100 profile with a small built policy and a small task (the plan reads sizes, not weights)."""
+    config = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    config["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
+                        "sft": {"steps": 0}}
+    config["task"].update(n_train=2000, n_eval=100)
+    config["remax"].update({"train_batch_size": 16, "max_prompt_length": 64, "max_response_length": 8, **remax})
+    return config
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Real shared inputs (dataset and a tiny policy) of the small a100x8 config, built by the CLI."""
+    d = tmp_path_factory.mktemp("inputs")
+    cfg = d / "config.yaml"
+    write_text(cfg, yaml.safe_dump(validate_config(small_a100x8())))
+    for what in ("dataset", "policy"):
+        proc = run_cli("inputs", what, "--config", cfg, "--inputs", d / "inputs")
+        assert proc.returncode == 0, proc.stderr
+    return d / "inputs"
+
+
+def plan_with(tmp_path, inputs, config, seed=1):
+    cfg = tmp_path / "config.yaml"  # YAML: the config loader reads JSON's 1e-06 as a string
+    write_text(cfg, yaml.safe_dump(config))
+    return run_cli("plan", "dschat", "--config", cfg, "--seed", seed, "--inputs", inputs, "--out", tmp_path / "plan")
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+# ---- plan ----------------------------------------------------------------------------------------------------
+
+def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
+    proc = plan_with(tmp_path, inputs, small_a100x8())
+    assert proc.returncode == 0, proc.stderr
+    d = tmp_path / "plan"
+    p = json.loads((d / "plan.json").read_text())
+    assert p["framework"] == "dschat" and p["seed"] == 1 and p["env"] == "dschat" and p["n_gpus"] == 8
+    assert p["framework_version"] == "ReMax@536ba49+deepspeed-0.10.3"
+    argv = p["argv"]
+    assert argv[0].endswith(".venvs/dschat/bin/deepspeed") and flag(argv, "--num_gpus") == "8"
+    assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat_launcher.py")
+    assert flag(argv, "--main") == "$RUN_DIR/ReMax/step3_rlhf_finetuning/main.py"
+    args = dschat.main_args(argv)
+    assert args[:2] == ["--algo", "remax"] and flag(args, "--data_path") == "local/jsonfile"
+    assert flag(args, "--per_device_generation_batch_size") == "2"  # 16 prompts over 8 GPUs
+    assert flag(args, "--max_prompt_seq_len") == "64" and flag(args, "--max_answer_seq_len") == "8"
+    assert float(flag(args, "--actor_learning_rate")) == 1e-6 and float(flag(args, "--kl_ctl")) == 0.001
+    assert flag(args, "--seed") == "1" and flag(args, "--test_stop_step") == "15"
+    assert flag(args, "--output_dir") == "$RUN_DIR/output"
+    assert "--enable_hybrid_engine" in args and "--enable_test_mode" in args
+    # The actor directory names itself in config.json: DeepSpeed-Chat loads the tokenizer from that name.
+    actor = Path(flag(args, "--actor_model_name_or_path"))
+    assert actor == d.resolve() / "actor"
+    assert json.loads((actor / "config.json").read_text())["_name_or_path"] == str(actor)
+    policy = Path(p["inputs"]["policy"]["path"]).resolve()
+    assert (actor / "model.safetensors").resolve() == policy / "model.safetensors"
+    # local/jsonfile layout: data/train.json and eval.json, JSON lines with prompt/chosen/rejected.
+    train = [json.loads(line) for line in (d / "data" / "train.json").read_text().splitlines()]
+    dataset = [json.loads(line) for line in Path(p["inputs"]["dataset"]["path"]).read_text().splitlines()]
+    assert len(train) == 2000 and set(train[0]) == {"prompt", "chosen", "rejected"}
+    assert [(r["prompt"], r["chosen"]) for r in train] == [(r["prompt"], r["answer"]) for r in dataset
+                                                           if r["split"] == "train"]
+    assert len((d / "data" / "eval.json").read_text().splitlines()) == 100
+    # Fairness entries: every mapped shared key, and the deviations of the ReMax code.
+    keys = {h["key"] for h in p["hyperparameters"]}
+    assert {"remax.steps", "remax.train_batch_size", "remax.lr", "remax.kl_coef", "remax.top_p", "seed"} <= keys
+    devs = {d["key"]: d for d in p["deviations"]}
+    assert devs["remax.top_p"]["effective"] == 0.9 and devs["remax.top_p"]["shared"] == 1.0
+    assert "remax.temperature" not in devs  # the shared 1.0 is DeepSpeed-Chat's hard-coded value
+    assert devs["reward.clip"]["effective"] == [-5.0, 5.0] and "KL" in devs["remax.kl_coef"]["cause"]
+    assert subprocess.run(["bash", "-n", d / "launch.sh"]).returncode == 0
+
+
+def test_launcher_passes_everything_but_its_own_options_to_main_py():
+    from harness.frameworks import dschat_launcher
+
+    # as the deepspeed launcher calls it: script, --local_rank=R, then the planned arguments
+    args, rest = dschat_launcher.parse_args(["--local_rank=3", "--main", "m.py", "--steps-log", "s.log",
+                                             "--dataset", "d.jsonl", "--data_path", "local/jsonfile", "--seed", "2"])
+    assert (args.main, args.steps_log, args.dataset, args.reward_url) == ("m.py", "s.log", "d.jsonl", None)
+    assert rest == ["--local_rank=3", "--data_path", "local/jsonfile", "--seed", "2"]
+
+
+def test_launch_refuses_a_checkout_that_is_not_the_pinned_commit(tmp_path, inputs):
+    config = small_a100x8()
+    fake = tmp_path / "not-remax"
+    subprocess.run(["git", "init", "-q", fake], check=True)
+    subprocess.run(["git", "-C", fake, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    config["dschat"] = {"checkout": str(fake)}
+    assert plan_with(tmp_path, inputs, config).returncode == 0
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.run(["bash", tmp_path / "plan" / "launch.sh", run], capture_output=True, text=True)
+    assert proc.returncode == 2 and "not the pinned ReMax checkout" in proc.stderr
+    assert not (run / "ReMax").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"remax": {"train_batch_size": 128}}, r"7 batches per epoch .* division by zero"),
+    ({"remax": {"rollout_n": 4}}, r"remax.rollout_n: 4; DeepSpeed-Chat's ReMax samples one response per prompt"),
+    ({"remax": {"train_batch_size": 12}}, r"12 prompts do not divide over 8 GPUs"),
+    ({"launch": {"gpus_per_node": 0}}, r"launch.gpus_per_node: 0; DeepSpeed-Chat's main.py runs on CUDA"),
+    ({"remax": {"steps": 60}}, r"remax.steps: 60 steps, but one epoch has only 50 batches"),
+    ({"dschat": {"data_split": "0,1,9"}}, r"evaluation_by_ppl fails on an empty loader"),
+])
+def test_plan_refuses_settings_the_code_breaks_on(tmp_path, inputs, change, message):
+    config = small_a100x8()
+    for block, values in change.items():
+        config.setdefault(block, {}).update(values)
+    with pytest.raises(HarnessError, match=message):
+        dschat.plan(validate_config(config), 1, tmp_path / "plan", inputs)
+    assert not (tmp_path / "plan").exists()
+
+
+def test_plan_refusal_exits_2_from_the_cli(tmp_path, inputs):
+    proc = plan_with(tmp_path, inputs, small_a100x8(train_batch_size=128))
+    assert proc.returncode == 2 and "division by zero" in proc.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_split_sizes_follow_data_utils():
+    # get_raw_dataset_split_index: cumulative int(round(share * size)), the rounding excess taken off the ends
+    assert dschat.split_sizes("2,4,4", 2000) == [400, 800, 800]
+    # 101: ends 0, 20, 60, 100 -> one short, so every end after the first moves up by one
+    assert dschat.split_sizes("2,4,4", 101) == [21, 40, 40]
+    assert dschat.split_sizes("1,1,1", 10) == [4, 3, 3]
+
+
+# ---- ingest --------------------------------------------------------------------------------------------------
+
+def run_dir(tmp_path, files: dict[str, str], n_gpus=1):
+    d = tmp_path / "run"
+    d.mkdir()
+    write_json(d / "plan.json", {"framework": "dschat", "framework_version": "ReMax@536ba49+deepspeed-0.10.3",
+                                 "run_id": "dschat-test-s3", "seed": 3, "n_gpus": n_gpus})
+    for name, text in files.items():
+        write_text(d / name, text)
+    return d
+
+
+def test_ingest_launcher_lines_with_deepspeed_chats_figure_beside_them(tmp_path):
+    d = run_dir(tmp_path, {"console.log": (FIXTURES / "perf_step3_console.txt").read_text(),
+                           dschat.STEPS_LOG: (FIXTURES / "launcher_steps.jsonl").read_text()})
+    out = tmp_path / "m.parquet"
+    proc = run_cli("ingest", "dschat", d, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(out)
+    lines = [json.loads(line) for line in (FIXTURES / "launcher_steps.jsonl").read_text().splitlines()]
+    assert list(df["step"]) == [r["step"] for r in lines] and set(df["run_id"]) == {"dschat-test-s3"}
+    for row, line in zip(df.itertuples(), lines):
+        assert row.time_transition_s == pytest.approx(line["time_transition_s"])
+        assert row.throughput_tok_s == pytest.approx(
+            (line["tokens_prompt"] + line["tokens_response"]) / line["time_step_s"])
+        assert not row.tokens_estimated
+    # DeepSpeed-Chat's own figure: Samples/sec x Total Seq. Length of the printed line of the same step.
+    assert list(df["framework_throughput_tok_s"]) == pytest.approx([19.05 * 72, 20.25 * 72, 19.75 * 72])
+
+
+def test_ingest_printed_lines_alone_gives_estimated_rows(tmp_path):
+    d = run_dir(tmp_path, {"console.log": (FIXTURES / "perf_step3_console.txt").read_text()})
+    out = tmp_path / "m.parquet"
+    proc = run_cli("ingest", "dschat", d / "console.log", "--out", out, "--n-gpus", "1")
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(out)
+    assert list(df["step"]) == [1, 2, 3] and df["tokens_estimated"].all()
+    # Batch Size 16, Total Seq. Length 72, Answer Seq. Length 8: tokens at the configured maxima.
+    assert list(df["tokens_prompt"]) == [16 * 64] * 3 and list(df["tokens_response"]) == [16 * 8] * 3
+    assert list(df["time_step_s"]) == [0.84, 0.79, 0.81] and list(df["time_gen_s"]) == [0.61, 0.58, 0.59]
+    assert list(df["time_train_s"]) == [0.23, 0.21, 0.22] and df["time_transition_s"].isna().all()
+    assert list(df["reward_mean"]) == [0.3125, 0.375, 0.4375]
+    assert list(df["response_length_mean"]) == [6, 6, 5]  # "Average length" counts the last prompt token too
+    assert list(df["throughput_tok_s"]) == pytest.approx([16 * 72 / 0.84, 16 * 72 / 0.79, 16 * 72 / 0.81])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("Training   => Latency: 0.21s", "Training   => Latency: 0.2 1s"), r"console.log:11: garbled"),
+    (("Samples/sec: 19.75", "Samples/sec: fast"), r"console.log:16: garbled"),
+    (("Generation => Latency: 0.58s", "Generation => Latency: 0.58s, Per-token Latency 72.50 ms"),
+     r"console.log:10: garbled"),
+])
+def test_garbled_printed_lines_name_file_and_line(tmp_path, edit, message):
+    text = (FIXTURES / "perf_step3_console.txt").read_text()
+    assert edit[0] in text
+    d = run_dir(tmp_path, {"console.log": text.replace(edit[0], edit[1], 1)})
+    with pytest.raises(HarnessError, match=message):
+        dschat.ingest([d / "console.log"])
+
+
+def test_garbled_log_exits_2_from_the_cli(tmp_path):
+    text = (FIXTURES / "perf_step3_console.txt").read_text().replace("Samples/sec: 19.75", "Samples/sec: fast")
+    d = run_dir(tmp_path, {"console.log": text})
+    proc = run_cli("ingest", "dschat", d, "--out", tmp_path / "m.parquet")
+    assert proc.returncode == 2 and "console.log:16: garbled" in proc.stderr, proc.stderr
+    assert not (tmp_path / "m.parquet").exists()
+
+
+def test_out_of_order_and_json_errors(tmp_path):
+    lines = (FIXTURES / "perf_step3_console.txt").read_text().splitlines()
+    swapped = lines[:2] + [lines[3], lines[2]] + lines[4:]  # Training before Generation
+    with pytest.raises(HarnessError, match=r"console.log:3: 'Training   =>' line out of order"):
+        dschat.ingest([run_dir(tmp_path, {"console.log": "\n".join(swapped) + "\n"}) / "console.log"])
+    bad = tmp_path / "b"
+    bad.mkdir()
+    shutil.copy(tmp_path / "run" / "plan.json", bad / "plan.json")
+    write_text(bad / dschat.STEPS_LOG, '{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
+    with pytest.raises(HarnessError, match=r"dschat_steps.log:1: step record lacks tokens_prompt"):
+        dschat.ingest([bad / dschat.STEPS_LOG])
+    alone = tmp_path / "alone.log"
+    write_text(alone, (FIXTURES / "perf_step3_console.txt").read_text())
+    with pytest.raises(HarnessError, match="no plan.json beside it"):
+        dschat.ingest([alone])
+
+
+# ---- the launcher against real DeepSpeed on the CPU ----------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ds_python():
+    try:
+        return dschat.ensure_env(dschat.TEST_ENV)
+    except HarnessError as e:
+        pytest.fail(f"building the dschat CPU test environment failed: {e}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ds_env(**extra):
+    """One rank of a one-process 'cluster' on the cpu accelerator (what the deepspeed launcher would set)."""
+    return {**os.environ, "DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "PYTHONPATH": "", **extra}
+
+
+@pytest.fixture(scope="module")
+def task_files(tmp_path_factory):
+    """A shared dataset (JSONL) and the harness's tokenizer for it, as the launcher reads them."""
+    d = tmp_path_factory.mktemp("task")
+    rows = generate({"kind": "reverse", "digits": 2, "n_train": 40, "n_eval": 4, "seed": 7})
+    write_text(d / "dataset.jsonl", to_jsonl(rows))
+    train_tokenizer([r["prompt"] + r["answer"] for r in rows], 64).save_pretrained(d / "tokenizer")
+    return d
+
+
+DRIVER = r"""
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import torch, deepspeed
+import dschat_launcher as L
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+steps_log, task, mode, reward_url, checkout = sys.argv[2:7]
+rec = L.StepRecorder(steps_log)
+L.wrap_hybrid_engine(rec)  # on the class, before deepspeed.initialize
+tok = AutoTokenizer.from_pretrained(task + "/tokenizer")
+tok.pad_token = tok.eos_token  # as DeepSpeed-Chat's get_tokenizer does
+torch.manual_seed(0)
+# Qwen2: DeepSpeed has no inference policy for it, so the hybrid engine builds no GPU-only inference kernels.
+cfg = Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+def ds_config(hybrid):
+    return {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0},
+            "gradient_clipping": 1.0, "hybrid_engine": {"enabled": hybrid, "max_out_tokens": 32,
+            "inference_tp_size": 1, "release_inference_cache": False, "pin_parameters": True,
+            "tp_gather_partition_size": 8}}
+model = Qwen2ForCausalLM(cfg)
+actor, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                 config=ds_config(True))
+reward = L.SharedReward(tok, task + "/dataset.jsonl", rec, reward_url or None)
+rows = [json.loads(l) for l in open(task + "/dataset.jsonl")][:12]
+def batch(rows):
+    ids = [tok(r["prompt"])["input_ids"] for r in rows]
+    width = max(map(len, ids))
+    prompt = torch.tensor([[tok.pad_token_id] * (width - len(i)) + i for i in ids])  # left-padded, as DS-Chat
+    return prompt, (prompt != tok.pad_token_id).long()
+report = {"engine": type(actor).__name__, "routed": actor.module.generate == actor.generate, "steps": []}
+if mode == "engine":
+    # main.py's order of calls on the actor within one iteration, without ReMax's trainer around them
+    for step in range(2):
+        prompt, mask = batch(rows[4 * step: 4 * step + 4])
+        rec.open()
+        actor.eval()
+        kw = dict(attention_mask=mask, max_length=prompt.shape[1] + 6, pad_token_id=tok.pad_token_id)
+        sampled = actor.module.generate(prompt, do_sample=True, top_p=0.9, temperature=1.0, **kw)
+        greedy = actor.module.generate(prompt, do_sample=False, **kw)
+        actor.train()
+        reward.forward_value(sampled, None, prompt_length=prompt.shape[1])
+        reward.forward_value(greedy, None, prompt_length=prompt.shape[1])
+        rec.experience_done(L._synchronized_now())
+        loss = actor(sampled, labels=sampled).loss
+        actor.backward(loss)
+        actor.step()
+        report["steps"].append({"prompt": prompt.tolist(), "mask": mask.tolist(), "sampled": sampled.tolist(),
+                                "greedy": greedy.tolist()})
+else:
+    # ReMax's own trainer: main.py's loop body (generate_experience, compute_loss, backward, step)
+    sys.path[:0] = [checkout + "/step3_rlhf_finetuning", checkout]
+    import remax_trainer
+    L.wrap_trainer(rec, remax_trainer.DeepSpeedReMaxTrainer)
+    ref_model = Qwen2ForCausalLM(cfg)
+    ref, *_ = deepspeed.initialize(model=ref_model, config=ds_config(False))
+    engine = types.SimpleNamespace(actor=actor, ref=ref, reward=reward, tokenizer=tok)
+    args = types.SimpleNamespace(max_answer_seq_len=6, end_of_conversation_token=tok.eos_token, actor_zero_stage=0,
+                                 reference_zero_stage=0, kl_ctl=0.1, gamma=1.0)
+    trainer = remax_trainer.DeepSpeedReMaxTrainer(engine, args)
+    for step in range(2):
+        prompt, mask = batch(rows[4 * step: 4 * step + 4])
+        exp = trainer.generate_experience(prompt, mask, step)
+        loss, returns, _ = trainer.compute_loss(exp)
+        trainer.actor_model.backward(loss)
+        trainer.actor_model.step()
+        report["steps"].append({"rewards": exp["rewards"].tolist(), "baseline_rewards": exp["baseline_rewards"].tolist(),
+                                "input_ids": exp["input_ids"].tolist(), "prompt_length": prompt.shape[1]})
+print("REPORT " + json.dumps(report))
+"""
+
+
+def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout=""):
+    log = tmp_path / "steps.log"
+    proc = subprocess.run([ds_python, "-c", DRIVER, REPO / "harness" / "frameworks", log, task_files, mode,
+                           reward_url, checkout], capture_output=True, text=True, env=ds_env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("REPORT ")))
+    return report, [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _length(row, stop):
+    return next((i + 1 for i, t in enumerate(row) if t == stop), len(row))
+
+
+@pytest.fixture(scope="module")
+def engine_run(ds_python, tmp_path_factory, task_files):
+    d = tmp_path_factory.mktemp("engine")
+    return d, *drive(ds_python, d, task_files, "engine")
+
+
+def test_hybrid_engine_wrapping_times_real_deepspeed_on_cpu(engine_run, tmp_path, task_files):
+    from transformers import AutoTokenizer
+
+    from harness import reward
+
+    engine_dir, report, lines = engine_run
+    assert report["engine"] == "DeepSpeedHybridEngine" and report["routed"]
+    assert [r["step"] for r in lines] == [1, 2]
+    tok = AutoTokenizer.from_pretrained(task_files / "tokenizer")
+    answers = {json.loads(x)["prompt"]: json.loads(x)["answer"] for x in (task_files / "dataset.jsonl").open()}
+    eos = tok.eos_token_id
+    for line, step in zip(lines, report["steps"]):
+        width = len(step["prompt"][0])
+        sampled = [_length(s[width:], eos) for s in step["sampled"]]
+        greedy = [_length(s[width:], eos) for s in step["greedy"]]
+        assert line["tokens_prompt"] == sum(map(sum, step["mask"]))
+        assert line["tokens_response"] == sum(sampled) and line["tokens_baseline"] == sum(greedy)
+        assert line["n_samples"] == 4 and line["response_length_mean"] == sum(sampled) / 4
+        prompts = [tok.decode(p, skip_special_tokens=True) for p in step["prompt"]]
+
+        def scores(seqs, lengths):
+            return [reward.score(p, tok.decode(s[width:width + n], skip_special_tokens=True), answers[p])
+                    for p, s, n in zip(prompts, seqs, lengths)]
+        assert line["reward_mean"] == pytest.approx(sum(scores(step["sampled"], sampled)) / 4)
+        assert line["reward_baseline_mean"] == pytest.approx(sum(scores(step["greedy"], greedy)) / 4)
+        for key in ("time_gen_sampled_s", "time_gen_greedy_s", "time_switch_to_generate_s",
+                    "time_switch_to_train_s", "time_train_s", "time_step_s"):
+            assert line[key] > 0, key
+        assert line["time_gen_s"] == pytest.approx(line["time_gen_sampled_s"] + line["time_gen_greedy_s"])
+        assert line["time_transition_s"] == pytest.approx(line["time_switch_to_generate_s"]
+                                                          + line["time_switch_to_train_s"])
+        parts = line["time_gen_s"] + line["time_transition_s"] + line["time_experience_s"] + line["time_train_s"]
+        assert parts == pytest.approx(line["time_step_s"], rel=1e-6)
+        assert line["n_gpus"] == 0 and line["world_size"] == 1 and line["kl_mean"] is None
+    # ...and they ingest into the common schema.
+    d = run_dir(tmp_path, {dschat.STEPS_LOG: (engine_dir / "steps.log").read_text()}, n_gpus=0)
+    df = dschat.ingest([d / dschat.STEPS_LOG])
+    assert list(df["step"]) == [1, 2] and (df["throughput_tok_s"] > 0).all() and df["time_transition_s"].gt(0).all()
+
+
+def test_llama_inference_containers_need_gpu_kernels(ds_python, tmp_path):
+    """Why the CPU test uses a model without a DeepSpeed inference policy: for a Llama the hybrid engine builds
+    DeepSpeedGPTInference layers, whose kernels (InferenceBuilder) have no CPU implementation."""
+    script = r"""
+import torch, deepspeed
+from transformers import LlamaConfig, LlamaForCausalLM
+m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2))
+deepspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config={"train_batch_size": 1,
+                     "hybrid_engine": {"enabled": True, "max_out_tokens": 16}})
+"""
+    proc = subprocess.run([ds_python, "-c", script], capture_output=True, text=True, env=ds_env(), timeout=300)
+    assert proc.returncode != 0
+    assert "DeepSpeedGPTInference" in proc.stderr and "This op had not been implemented on CPU backend" in proc.stderr
+
+
+def test_shared_reward_through_the_reward_server(ds_python, engine_run, tmp_path, task_files):
+    from harness.reward_server import RewardServer
+
+    server = RewardServer("127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _, served = drive(ds_python, tmp_path, task_files, "engine", reward_url=server.url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    local = engine_run[2]
+    # Same seed, same responses: the server's scores equal the in-process reward's.
+    assert [(r["reward_mean"], r["reward_baseline_mean"]) for r in served] == \
+        [(r["reward_mean"], r["reward_baseline_mean"]) for r in local]
+
+
+@needs_checkout
+def test_remax_trainer_step_through_the_wrapped_engine(ds_python, tmp_path, task_files):
+    report, lines = drive(ds_python, tmp_path, task_files, "trainer", checkout=CHECKOUT)
+    assert [r["step"] for r in lines] == [1, 2]
+    for line, step in zip(lines, report["steps"]):
+        assert line["reward_mean"] == pytest.approx(sum(step["rewards"]) / 4)
+        assert line["reward_baseline_mean"] == pytest.approx(sum(step["baseline_rewards"]) / 4)
+        assert line["kl_mean"] is not None and line["time_transition_s"] > 0 and line["time_gen_greedy_s"] > 0
+        assert line["time_experience_s"] > 0  # actor and reference log-probs, and the reward
+
+
+INSTALL = r"""
+import json, sys, types
+sys.path.insert(0, sys.argv[1])
+import transformers.integrations.deepspeed
+# rlhf_engine imports transformers.deepspeed, which transformers 4.31 (the GPU environment) has and 5.x moved
+sys.modules["transformers.deepspeed"] = transformers.integrations.deepspeed
+import dschat_launcher as L
+main = L.prepare(sys.argv[2])
+run_dir, n_eval_rows, split = sys.argv[3], int(sys.argv[4]), sys.argv[5]
+rec = L.StepRecorder(None)
+L.install(rec, sys.argv[6], None)
+import rlhf_engine
+from utils.utils import load_hf_tokenizer
+from utils.data.data_utils import create_dataset
+actor = sys.argv[7]
+tok = load_hf_tokenizer(actor, fast_tokenizer=True)  # DeepSpeed-Chat's own loader, on the planned actor directory
+engine = types.SimpleNamespace(tokenizer=tok)
+out = {"reward": type(rlhf_engine.DeepSpeedRLHFEngine._init_reward(engine, actor)).__name__,
+       "data_utils": sys.modules["utils.data.data_utils"].__file__}
+for phase in (3, 1):
+    train, ev = create_dataset(-1, "local/jsonfile", split, run_dir + "/data_files", phase, 1234, tok, tok.eos_token, 64)
+    out[f"phase{phase}"] = [len(train), len(ev)]
+    if phase == 3:
+        out["first_prompt_ids"] = train[0][0].flip(0).tolist()  # stored reversed; the collator flips it back
+print("REPORT " + json.dumps(out))
+"""
+
+
+@needs_checkout
+def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(ds_python, tmp_path, inputs):
+    config = small_a100x8()
+    config["dschat"] = {"checkout": CHECKOUT}
+    assert plan_with(tmp_path, inputs, config).returncode == 0
+    plan = tmp_path / "plan"
+    p = json.loads((plan / "plan.json").read_text())
+    # the run directory as launch.sh lays it out: the checkout and the plan's data/ side by side
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ReMax").symlink_to(CHECKOUT)
+    (run / "data").symlink_to(plan / "data")
+    (run / "data_files").mkdir()
+    actor = flag(dschat.main_args(p["argv"]), "--actor_model_name_or_path")
+    proc = subprocess.run([ds_python, "-c", INSTALL, REPO / "harness" / "frameworks", run / "ReMax" / dschat.MAIN, run,
+                           "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
+                          capture_output=True, text=True, env=ds_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("REPORT ")))
+    assert out["reward"] == "SharedReward"
+    assert out["data_utils"].startswith(str(run / "ReMax"))  # through the link: data/ is found beside it
+    # DeepSpeed-Chat's own split of the exported rows is the one plan checks against
+    assert out["phase3"] == [dschat.split_sizes("2,4,4", 2000)[2], dschat.split_sizes("2,4,4", 100)[2]]
+    assert out["phase1"][1] == dschat.split_sizes("2,4,4", 100)[0]
+    # prompts reach the policy as the shared prompt's own tokens (no " " put before them)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(actor)
+    prompts = {tuple(tok(json.loads(line)["prompt"])["input_ids"]) for line in (plan / "data" / "train.json").open()}
+    assert tuple(out["first_prompt_ids"]) in prompts
+
+
+# ---- ReMax's own code (pinned checkout) ----------------------------------------------------------------------
+
+PARSER = r"""
+import ast, json, sys
+source = open(sys.argv[1]).read()
+fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "parse_args")
+import argparse, deepspeed
+from transformers import SchedulerType
+namespace = {"argparse": argparse, "deepspeed": deepspeed, "SchedulerType": SchedulerType}
+exec(compile(ast.Module(body=[fn], type_ignores=[]), sys.argv[1], "exec"), namespace)
+sys.argv = [sys.argv[1]] + json.loads(sys.stdin.read())
+args = namespace["parse_args"]()
+print(json.dumps({k: (v.value if hasattr(v, "value") else v) for k, v in vars(args).items()}, default=str))
+"""
+
+
+@needs_checkout
+def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
+    assert plan_with(tmp_path, inputs, small_a100x8()).returncode == 0
+    argv = json.loads((tmp_path / "plan" / "plan.json").read_text())["argv"]
+    main = Path(CHECKOUT) / dschat.MAIN
+
+    def parse(args):
+        return subprocess.run([ds_python, "-c", PARSER, main], input=json.dumps(args + ["--local_rank=0"]),
+                              capture_output=True, text=True, env=ds_env())
+    proc = parse(dschat.main_args(argv))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert args["algo"] == "remax" and args["data_path"] == ["local/jsonfile"]
+    assert args["per_device_generation_batch_size"] == 2 and args["actor_learning_rate"] == 1e-6
+    assert args["kl_ctl"] == 0.001 and args["gamma"] == 1.0 and args["seed"] == 1
+    assert args["enable_hybrid_engine"] and args["enable_test_mode"] and args["test_stop_step"] == 15
+    assert args["lr_scheduler_type"] == "constant" and args["deepspeed"]
+    bad = parse(dschat.main_args(argv) + ["--not_a_flag_of_main_py", "1"])
+    assert bad.returncode != 0 and "unrecognized arguments: --not_a_flag_of_main_py" in bad.stderr
+
+
+@needs_checkout
+def test_conformance_against_remax_compute_loss():
+    table = get_adapter("dschat").conformance()
+    by_case = table.set_index("case")
+    assert list(table.columns) == ["framework", "case", "max_abs_diff", "verdict", "note"]
+    assert by_case.loc["outcome", "verdict"] == "match"
+    assert by_case.loc["outcome_kl_in_reward", "verdict"] == "differs"
+    assert "per-token KL" in by_case.loc["outcome_kl_in_reward", "note"]
+    assert by_case.loc["dense", "verdict"] == "differs"
+    assert by_case.loc["dschat:reward_beyond_clip", "verdict"] == "differs"
+    # outcome: advantage 0.5 - 1.0 on 3 tokens; clipped (8.0 - 0.5) -> 5 shows as a difference of 2.5
+    assert by_case.loc["dschat:reward_beyond_clip", "max_abs_diff"] == pytest.approx(2.5)
+    assert "clipped to +-5" in by_case.loc["dschat:reward_beyond_clip", "note"]
+    assert by_case.loc["outcome@gamma_0.99", "verdict"] == "differs"
+
+
+def test_conformance_without_checkout_says_not_run(monkeypatch, tmp_path):
+    monkeypatch.setenv(dschat.CHECKOUT_ENV, str(tmp_path / "absent"))
+    table = dschat.conformance()
+    assert set(table["verdict"]) == {"not run"} and table["max_abs_diff"].isna().all()
+    assert table["note"].str.contains("no ReMax checkout").all()
+    assert {"outcome", "outcome_kl_in_reward", "dense"} <= set(table["case"])
+
+
+@pytest.mark.skipif(not os.environ.get("REMAX_BENCH_REMAX_REPOSITORY"),
+                    reason="REMAX_BENCH_REMAX_REPOSITORY unset (a git URL or path holding liziniu/ReMax 536ba49; "
+                           "CI has no GitHub access)")
+def test_setup_rule_checks_out_the_pinned_commit_shallow_and_sparse(tmp_path):
+    snakefile = tmp_path / "Snakefile"
+    write_text(snakefile, "".join(f'include: "{REPO / "workflows" / "rules" / name}"\n'
+                                  for name in ("common.smk", "setup.smk")))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(
+        [Path(sys.executable).parent / "snakemake", "results/src/ReMax", "-s", snakefile, "--directory", tmp_path,
+         "--cores", "1", "--configfile", REPO / "workflows" / "config" / "cpu.yaml", "--config",
+         f'dschat={{"repository": "{os.environ["REMAX_BENCH_REMAX_REPOSITORY"]}"}}'],
+        capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    checkout = tmp_path / "results" / "src" / "ReMax"
+    git = ["git", "-C", checkout]
+    assert subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() \
+        == dschat.REMAX_COMMIT
+    assert subprocess.run(git + ["rev-parse", "--is-shallow-repository"], capture_output=True,
+                          text=True).stdout.strip() == "true"
+    folders = {p.name for p in checkout.iterdir() if p.is_dir() and p.name != ".git"}
+    assert folders == set(dschat.REMAX_FOLDERS) and (checkout / dschat.MAIN).is_file()

@@ -1,0 +1,375 @@
+"""OpenRLHF adapter: plan (checked by OpenRLHF 0.11.2's own parser), launch lifecycle, ReMax agent and estimator
+(run as OpenRLHF's own code in the CPU environment openrlhf-validate), ingest of its per-step log line."""
+
+import importlib.util
+import json
+import math
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO, run_cli
+from harness import HarnessError, envs, reward, task
+from harness.conformance import CASES, reference_advantages
+from harness.frameworks import get_adapter
+from harness.frameworks import openrlhf as orl
+from harness.reward_server import RewardServer
+
+FIXTURES = REPO / "tests" / "fixtures" / "openrlhf"
+RUN = FIXTURES / "run"
+
+
+# ------------------------------------------------------------------------------------------------------- ingest
+
+def test_ingest_fixture_log_gives_independently_computed_numbers():
+    df = get_adapter("openrlhf").ingest([RUN / "openrlhf.log"], None)
+    assert list(df["step"]) == [1, 2, 3]
+    assert set(df["framework"]) == {"openrlhf"} and set(df["framework_version"]) == {"0.11.2"}
+    assert set(df["run_id"]) == {"openrlhf-a100x8-s7"} and set(df["seed"]) == {7} and set(df["n_gpus"]) == {8}
+    # By hand from the fixture's lines: 2048 samples per step (1024 prompts x 2), 2 samples per greedy response.
+    expected = pd.DataFrame({
+        "time_step_s": [41.25 + 88.75 + 6.125 + 52.375, 40.5 + 87.0 + 5.75 + 50.25, 39.75 + 86.5 + 5.5 + 49.0],
+        "time_gen_s": [52.375, 50.25, 49.0],
+        "time_transition_s": [6.125, 5.75, 5.5],
+        "time_train_s": [88.75, 87.0, 86.5],
+        "tokens_prompt": [2048 * (20.25 - 6.5), 2048 * (20.0 - 6.25), 2048 * (19.75 - 6.0)],
+        "tokens_response": [2048 * 6.5, 2048 * 6.25, 2048 * 6.0],
+        "tokens_baseline": [1024 * 7.0, 1024 * 6.5, 1024 * 6.0],
+        "reward_mean": [0.4521484375, 0.50390625, 0.5625],
+        "reward_baseline_mean": [0.4870849609375, 0.4951171875, 0.53125],
+        "kl_mean": [0.0, 0.002675, 0.0072],
+        "response_length_mean": [6.5, 6.25, 6.0],
+    })
+    pd.testing.assert_frame_equal(df[list(expected.columns)], expected, check_exact=False, rtol=1e-12)
+    assert df["throughput_tok_s"].iloc[0] == pytest.approx((28160 + 13312) / 188.5)
+    assert df["throughput_tok_s_per_gpu"].iloc[0] == pytest.approx((28160 + 13312) / 188.5 / 8)
+
+
+def test_ingest_cli_takes_the_run_directory(tmp_path):
+    proc = run_cli("ingest", "openrlhf", RUN, "--out", tmp_path / "m.parquet", "--n-gpus", "16")
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(tmp_path / "m.parquet")
+    assert len(df) == 3 and set(df["n_gpus"]) == {16}
+
+
+def _copy_run(tmp_path, edit):
+    """A copy of the fixture run with its log edited; returns the log and the first line the edit changed."""
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    log = run / "openrlhf.log"
+    before = log.read_text(encoding="utf-8")
+    log.write_text(edit(before), encoding="utf-8")
+    pairs = zip(before.splitlines(), edit(before).splitlines())
+    return log, next((i for i, (a, b) in enumerate(pairs, 1) if a != b), None)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.replace("'timing/step_total': 180.75}", "'timing/step_total': 180.7", 1),
+     "garbled OpenRLHF step line"),
+    (lambda s: s.replace("✨ Global step 2: {'policy_loss'", "✨ Global step 2: {'policy_loss' 1", 1),
+     "the step's metrics are not a Python dict literal"),
+    (lambda s: s.replace("✨ Global step 3:", "✨ Global step three:", 1), "garbled OpenRLHF step line"),
+])
+def test_garbled_step_line_names_file_and_line(tmp_path, edit, message):
+    log, lineno = _copy_run(tmp_path, edit)
+    with pytest.raises(HarnessError, match=f"{log}:{lineno}: {message}"):
+        orl.ingest([log])
+
+
+def test_a_run_without_remax_baseline_is_refused(tmp_path):
+    log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_baseline': 0.4951171875, ", ""))
+    with pytest.raises(HarnessError, match=r"openrlhf.log:\d+: step 2 lacks remax_baseline \(not a ReMax run"):
+        orl.ingest([log])
+
+
+def test_nan_in_the_step_dict_is_read_as_nan(tmp_path):
+    log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_kl_sum': 0.0072", "'remax_kl_sum': nan"))
+    df = orl.ingest([log])
+    assert math.isnan(df["kl_mean"].iloc[2]) and df["kl_mean"].iloc[1] == 0.002675
+
+
+def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
+    log, _ = _copy_run(tmp_path, lambda s: s)
+    (log.parent / "plan.json").unlink()
+    with pytest.raises(HarnessError, match="no plan.json beside it"):
+        orl.ingest([log])
+
+
+# --------------------------------------------------------------------------------------------------------- plan
+
+@pytest.fixture(scope="module")
+def planned(a100x8):
+    out = a100x8["root"] / "plan"
+    proc = run_cli("plan", "openrlhf", "--config", a100x8["config_path"], "--seed", "3", "--out", out,
+                   "--inputs", a100x8["inputs"])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def flag(argv, name, n=1):
+    i = argv.index(name)
+    return argv[i + 1] if n == 1 else argv[i + 1:i + 1 + n]
+
+
+def test_plan_maps_the_shared_experiment(planned, a100x8):
+    plan = json.loads((planned / "plan.json").read_text())
+    rc = a100x8["config"]["remax"]
+    assert (plan["framework"], plan["framework_version"], plan["env"], plan["seed"], plan["n_gpus"]) == \
+        ("openrlhf", "0.11.2", "openrlhf", 3, 8)
+    argv = plan["argv"]
+    assert argv[:3] == ["python3", "-m", "openrlhf.cli.train_ppo_ray"]
+    assert flag(argv, "--algo.advantage.estimator") == "remax"
+    assert {"--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"} <= set(argv)
+    assert [flag(argv, f) for f in ("--vllm.num_engines", "--actor.num_gpus_per_node", "--ref.num_gpus_per_node")] \
+        == ["8", "8", "8"]
+    assert flag(argv, "--train.seed") == "3"
+    assert flag(argv, "--rollout.batch_size") == str(rc["train_batch_size"])
+    assert flag(argv, "--train.batch_size") == str(rc["train_batch_size"] * rc["rollout_n"])
+    assert flag(argv, "--rollout.n_samples_per_prompt") == str(rc["rollout_n"])
+    assert flag(argv, "--rollout.max_new_tokens") == str(rc["max_response_length"])
+    assert flag(argv, "--data.max_len") == str(rc["max_prompt_length"] + rc["max_response_length"])
+    assert float(flag(argv, "--actor.adam.lr")) == rc["lr"] and float(flag(argv, "--algo.kl.init_coef")) == rc["kl_coef"]
+    assert float(flag(argv, "--rollout.temperature")) == rc["temperature"]
+    assert flag(argv, "--train.agent_func_path") == str(planned / "remax_agent.py")
+    assert flag(argv, "--data.prompt_dataset") == str(planned / "prompts.jsonl")
+    assert (flag(argv, "--data.input_key"), flag(argv, "--data.label_key")) == ("input", "label")
+    mapped = {h["key"] for h in plan["hyperparameters"]}
+    assert {f"remax.{k}" for k in rc if k != "warmup_steps"} <= mapped and {"seeds", "policy.path"} <= mapped
+    assert plan["inputs"]["dataset"]["sha256"] == (a100x8["inputs"] / "dataset.jsonl.sha256").read_text().split()[0]
+
+
+def test_plan_exports_prompts_agent_and_reward_url(planned, a100x8):
+    rc, oc = a100x8["config"]["remax"], a100x8["config"]["openrlhf"]
+    rows = [json.loads(line) for line in (planned / "prompts.jsonl").read_text().splitlines()]
+    train = task.read_dataset(a100x8["inputs"] / "dataset.jsonl")["train"]
+    assert len(rows) == rc["steps"] * rc["train_batch_size"]
+    assert rows == [{"input": r["prompt"], "label": r["answer"]} for r in train[:len(rows)]]
+    assert (planned / "remax_agent.py").read_bytes() == (orl.REMAX_DIR / "remax_agent.py").read_bytes()
+    assert (planned / "remax_patch.py").read_bytes() == (orl.REMAX_DIR / "remax_patch.py").read_bytes()
+    url = json.loads((planned / "remax_agent.json").read_text())["reward_url"]
+    assert url == f"http://127.0.0.1:{oc['reward_port']}/get_reward"
+    launch = (planned / "launch.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(planned / "launch.sh")]).returncode == 0
+    assert shlex.join(json.loads((planned / "plan.json").read_text())["argv"]) in launch
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c["launch"].update(gpus_per_node=0), "at launch.gpus_per_node: OpenRLHF needs GPUs"),
+    (lambda c: c["launch"].update(nnodes=2), "at launch.nnodes"),
+    (lambda c: c["remax"].update(steps=200), "at task.n_train"),
+    (lambda c: c["openrlhf"].update(train_micro_batch_size=3), "at openrlhf.train_micro_batch_size"),
+])
+def test_plan_refuses_what_cannot_run(a100x8, tmp_path, change, message):
+    config = json.loads(json.dumps(a100x8["config"]))
+    change(config)
+    with pytest.raises(HarnessError, match=message):
+        orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+    assert not (tmp_path / "plan").exists()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STAND_IN_JOB = '''
+import json, os, sys, urllib.request
+argv = sys.argv[1:]
+agent = argv[argv.index("--train.agent_func_path") + 1]
+url = json.load(open(os.path.join(os.path.dirname(agent), "remax_agent.json")))["reward_url"]
+body = json.dumps({"query": ["12+34=46"], "prompts": ["12+34="], "labels": ["46"]}).encode()
+with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"})) as r:
+    print("stand-in job: reward answer", json.loads(r.read())["rewards"], "in", os.getcwd())
+sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
+'''
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_launch_serves_the_reward_for_the_job_and_stops_it(a100x8, tmp_path, monkeypatch, exit_code):
+    """launch.sh with a stand-in for the GPU environment's python (vLLM and CUDA cannot exist here): the stand-in
+    job reaches the real reward server started and health-checked by launch.sh; the server is gone afterwards,
+    whether the job succeeded or failed."""
+    env_bin = tmp_path / "envs" / "openrlhf" / "bin"
+    env_bin.mkdir(parents=True)
+    (tmp_path / "job.py").write_text(STAND_IN_JOB)
+    (env_bin / "python3").write_text(f'#!/usr/bin/env bash\ncase "$1" in\n  *remax_patch.py) exit 0 ;;\n'
+                                     f'  -m) [ "$2" = openrlhf.cli.train_ppo_ray ] || exit 9; shift 2\n'
+                                     f'      exec {shlex.quote(sys.executable)} {tmp_path / "job.py"} "$@" ;;\n'
+                                     f'esac\nexit 9\n')
+    (env_bin / "python3").chmod(0o755)
+    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "envs")
+    config = json.loads(json.dumps(a100x8["config"]))
+    port = _free_port()
+    config["openrlhf"]["reward_port"] = port
+    orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(run_dir)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "STAND_IN_EXIT": str(exit_code)})
+    assert proc.returncode == exit_code, proc.stdout + proc.stderr
+    log = (run_dir / "openrlhf.log").read_text()
+    assert f"stand-in job: reward answer [1.0] in {run_dir}" in log
+    assert json.loads((run_dir / "plan.json").read_text())["seed"] == 1
+    assert "serving harness.reward.score" in (run_dir / "reward_server.log").read_text()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_launch_without_the_environment_says_how_to_build_it(a100x8, tmp_path, monkeypatch):
+    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "no-envs")
+    orl.plan(a100x8["config"], 1, tmp_path / "plan", a100x8["inputs"])
+    proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "remax-bench env openrlhf" in proc.stderr
+
+
+# -------------------------------------------------------------------------------------------------------- patch
+
+def _patch_module():
+    spec = importlib.util.spec_from_file_location("remax_patch", orl.REMAX_DIR / "remax_patch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_patch_edits_each_passage_once_and_only_once(tmp_path):
+    patch = _patch_module()
+    root = tmp_path / "openrlhf"
+    for rel, edits in patch.EDITS.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("# before\n" + "# between\n".join(old for old, _ in edits) + "# after\n")
+    assert sorted(p.relative_to(root).as_posix() for p in patch.apply(root)) == sorted(patch.EDITS)
+    for rel, edits in patch.EDITS.items():
+        text = (root / rel).read_text()
+        assert all(new in text for _, new in edits)
+    assert patch.apply(root) == []  # already patched: nothing written
+
+
+def test_patch_refuses_a_different_source_and_writes_nothing(tmp_path):
+    patch = _patch_module()
+    root = tmp_path / "openrlhf"
+    for rel, edits in patch.EDITS.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("".join(old for old, _ in edits))
+    changed = root / "trainer/ppo_utils/experience_maker.py"
+    changed.write_text(changed.read_text().replace('"flash_reinforce",\n            ]:', '"flash_reinforce"]:'))
+    before = {rel: (root / rel).read_text() for rel in patch.EDITS}
+    with pytest.raises(patch.PatchError, match="experience_maker.py: passage 2 of the 0.11.2 source found 0 times"):
+        patch.apply(root)
+    assert {rel: (root / rel).read_text() for rel in patch.EDITS} == before
+
+
+# ------------------------------------------------------- OpenRLHF's own code, in the CPU environment openrlhf-validate
+
+@pytest.fixture(scope="session")
+def openrlhf_python():
+    """openrlhf 0.11.2 (patched) with its CPU-installable dependencies, built once into .venvs/openrlhf-validate."""
+    return orl.ensure_validate_env()
+
+
+PARSE = '''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from validate import as_dict, parsed_args
+good, bad = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+result = {"good": as_dict(parsed_args(good)), "bad": {}}
+for name, argv in bad.items():
+    try:
+        parsed_args(argv)
+        result["bad"][name] = 0
+    except SystemExit as e:
+        result["bad"][name] = e.code
+print(json.dumps(result, default=repr))
+'''
+
+
+def test_planned_command_passes_openrlhfs_own_parser(openrlhf_python, planned):
+    argv = json.loads((planned / "plan.json").read_text())["argv"][3:]
+    renamed = {"flat_pretrain": [a if a != "--actor.model_name_or_path" else "--pretrain" for a in argv],
+               "old_n_samples": [a if a != "--rollout.n_samples_per_prompt" else "--n_samples_per_prompt"
+                                 for a in argv],
+               "typo": argv + ["--algo.advantage.estimatr", "remax"]}
+    proc = subprocess.run([str(openrlhf_python), "-c", PARSE, str(orl.REMAX_DIR), json.dumps(argv),
+                           json.dumps(renamed)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": f"{orl.STUBS}:{REPO}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = result["good"]
+    assert args["algo"]["advantage"]["estimator"] == "remax" and args["algo"]["advantage"]["gamma"] == 1.0
+    assert args["reward"]["remote_url"] == ["agent"]  # OpenRLHF's own rewrite when an agent file is given
+    assert args["train"]["agent_func_path"] == str(planned / "remax_agent.py")
+    assert args["critic"]["model_name_or_path"] is None  # no critic for a non-GAE estimator
+    assert (args["train"]["seed"], args["train"]["colocate_all"], args["vllm"]["num_engines"]) == (3, True, 8)
+    assert args["actor"]["adam"]["betas"] == [0.9, 0.999] and args["actor"]["lr_scheduler"] == "constant"
+    assert result["bad"] == {"flat_pretrain": 2, "old_n_samples": 2, "typo": 2}
+    for unknown in ("--pretrain", "--n_samples_per_prompt", "--algo.advantage.estimatr"):
+        assert "unrecognized arguments: " + unknown in proc.stderr
+
+
+def test_remax_estimator_matches_the_reference_in_a_ray_worker(openrlhf_python, tmp_path):
+    out = tmp_path / "conformance.json"
+    proc = orl.run_validate(openrlhf_python, "conformance", out, "--ray-worker")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    result = json.loads(out.read_text())
+    for name, case in CASES.items():
+        np.testing.assert_allclose(result[name]["reference"], reference_advantages(case).tolist(), atol=1e-7)
+    table = orl.conformance_table(result).set_index("case")
+    assert table.loc["outcome", "verdict"] == table.loc["outcome_kl_in_reward", "verdict"] == "match"
+    assert table.loc["outcome_kl_in_reward", "max_abs_diff"] < 1e-5
+    # Dense rewards: OpenRLHF's one scalar per sample puts total - baseline on every token (computed by hand).
+    dense = CASES["dense"]
+    by_hand = [[(sum(s * m for s, m in zip(scores, mask)) - b) * m for m in mask]
+               for scores, mask, b in zip(dense["token_scores"], dense["mask"], dense["baselines"])]
+    np.testing.assert_allclose(result["dense"]["advantages"], by_hand, atol=1e-7)
+    assert table.loc["dense", "verdict"] == "differs" and "one scalar reward per sample" in table.loc["dense", "note"]
+
+
+@pytest.fixture
+def reward_server():
+    srv = RewardServer("127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_python, tmp_path, reward_server):
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    shutil.copy2(orl.REMAX_DIR / "remax_agent.py", agent_dir)
+    (agent_dir / "remax_agent.json").write_text(json.dumps({"reward_url": reward_server.url + "/get_reward"}))
+    n, dead_url = 3, f"http://127.0.0.1:{_free_port()}/get_reward"
+    pairs = ["12+34=46", "5+7=13"]  # the second label is wrong on purpose: the greedy answer 12 scores 0.5
+    out = tmp_path / "agent.json"
+    proc = subprocess.run([str(openrlhf_python), str(FIXTURES / "agent_check.py"), str(agent_dir / "remax_agent.py"),
+                           str(out), str(n), dead_url, *pairs], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(orl.STUBS)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["error"] is None
+    prompts = [p.split("=")[0] + "=" for p in pairs] * 2  # two steps
+    assert [len(r) for r in result["rollouts"]] == [n] * len(prompts)
+    for prompt, samples in zip(prompts, result["rollouts"]):
+        requests = [q for q in result["requests"] if q["prompt"] == prompt]
+        greedy = [q for q in requests if q["temperature"] == 0.0]
+        assert len(requests) == 2 * (n + 1) and len(greedy) == 2  # n samples + 1 greedy per prompt per step
+        assert all((q["top_p"], q["top_k"], q["max_tokens"]) == (1.0, -1, 8) for q in greedy)
+        assert all(q["temperature"] == 1.0 for q in requests if q not in greedy)
+        a, b = prompt[:-1].split("+")
+        greedy_answer = str(int(a) + int(b))
+        for s in samples:
+            assert s["reward"] == s["scores"] == reward.score(prompt, s["response"], s["label"])
+            assert s["extra_logs"]["remax_baseline"] == reward.score(prompt, greedy_answer, s["label"])
+            assert s["extra_logs"]["remax_baseline_tokens"] == len(greedy_answer) + 1  # with EOS
+    baselines = {s["prompt"]: s["extra_logs"]["remax_baseline"] for r in result["rollouts"] for s in r}
+    assert baselines == {"12+34=": 1.0, "5+7=": 0.5}
+    # Without its reward server a rollout fails, naming the server, instead of leaving a sample without reward.
+    assert result["dead_url_error"].startswith(f"RewardRequestError: reward server {dead_url}: no answer after 5 tries")

@@ -1,0 +1,204 @@
+"""`remax-bench check` and `baseline update`: the real CLI on real results directories and histories."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import REPO, run_cli, snakemake
+from harness.config import load_config
+from harness.history import HISTORY_DIR, append
+from harness.regression import METRICS, MIN_HISTORY, assess, noise_level
+from test_history import make_results
+
+THROUGHPUT = METRICS[0]
+
+
+def nights(results, n, *, throughput=1000.0, noise=0.01, start=1, config=None, seed=0):
+    """n nightly pipeline runs into one results directory, each appended to its history."""
+    rng = np.random.default_rng(seed)
+    for day in range(start, start + n):
+        make_results(results, throughput=throughput, noise=noise, rng=rng, config=config,
+                     created=f"2026-01-{day:02d}T00:00:00+00:00")
+        append(results)
+    return results
+
+
+def slowed_config(slowdown):
+    config = load_config(REPO / "workflows" / "config" / "cpu.yaml")
+    config["reference"]["inject_slowdown"] = slowdown
+    return config
+
+
+def test_no_change_passes_and_a_ten_percent_slowdown_alerts(tmp_path):
+    results = nights(tmp_path / "results", 10)
+    baseline = tmp_path / "baselines" / "cpu.json"
+    proc = run_cli("baseline", "update", "--results", results, "--out", baseline)
+    assert proc.returncode == 0, proc.stderr
+    base = json.loads(baseline.read_text())
+    assert len(base["pipeline_runs"]) == 5 and base["command"].startswith("remax-bench baseline update")
+    assert base["profile"] == "cpu" and len(base["frameworks"]["reference"]["runs"]) == 15
+
+    make_results(results, noise=0.01, rng=np.random.default_rng(11), created="2026-01-11T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert alerts["status"] == "ok" and alerts["alerts"] == []
+    assert (results / "alerts.md").read_text().startswith("# Regression check: OK")
+
+    make_results(results, throughput=900.0, noise=0.01, rng=np.random.default_rng(12), config=slowed_config(0.1),
+                 created="2026-01-12T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert alerts["status"] == "regression"
+    [alert] = alerts["alerts"]
+    assert alert["metric"] == "throughput_tok_s" and alert["change"] == pytest.approx(-10, abs=2.5)
+    assert alert["baseline"] == pytest.approx(1000, rel=0.03) and alert["current"] == pytest.approx(900, rel=0.03)
+    ev = alert["evidence"]
+    assert ev["n_history_runs"] >= MIN_HISTORY and ev["seeds"] == [1, 2, 3] and ev["z"] > 3 and 0 < ev["noise"] < 3
+    config_changes = alerts["changes"]["reference"]["config"]
+    assert {"key": "reference.inject_slowdown", "baseline": 0, "current": 0.1} in config_changes
+    md = (results / "alerts.md").read_text()
+    assert md.startswith("# Regression check: REGRESSION") and "`reference.inject_slowdown` 0 -> 0.1" in md
+
+
+def test_a_run_that_stops_learning_gets_an_advisory_not_a_failure(tmp_path):
+    results = nights(tmp_path / "results", 10)
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline).returncode == 0
+    make_results(results, noise=0.01, learning_rate=0.0, created="2026-01-11T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert alerts["status"] == "ok" and alerts["alerts"] == []
+    advisories = {c["metric"]: c for c in alerts["advisories"]}
+    assert advisories["reward_last10"]["change"] == pytest.approx(-0.8, abs=0.01)
+    assert "never reached the reward target" in advisories["time_to_reward_s"]["reason"]
+
+
+def test_too_little_history_is_said_not_guessed(tmp_path):
+    results = nights(tmp_path / "results", 4)
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline, "--last", 3).returncode == 0
+    make_results(results, throughput=700.0, created="2026-01-05T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert alerts["status"] == "insufficient history" and alerts["alerts"] == []
+    tput = next(c for c in alerts["checks"] if c["metric"] == "throughput_tok_s")
+    assert tput["change"] == pytest.approx(-30, abs=1) and f"{MIN_HISTORY} are needed" in tput["reason"]
+    assert "NOT JUDGED" in (results / "alerts.md").read_text()
+
+
+def test_bad_input_exits_2_naming_the_file_and_the_problem(tmp_path):
+    results = nights(tmp_path / "results", 4)
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline, "--last", 3).returncode == 0
+    base = json.loads(baseline.read_text())
+
+    other_profile = tmp_path / "micro.json"
+    other_profile.write_text(json.dumps({**base, "profile": "micro"}))
+    proc = run_cli("check", "--baseline", other_profile, "--results", results)
+    assert proc.returncode == 2
+    assert f"{other_profile}: baseline is for profile 'micro', but the run in {results} is profile 'cpu'" in proc.stderr
+
+    other_machine = tmp_path / "a100.json"
+    other_machine.write_text(json.dumps({**base, "hardware": "AMD EPYC 7742 (256 CPUs, x86_64); 8x NVIDIA A100"}))
+    proc = run_cli("check", "--baseline", other_machine, "--results", results)
+    assert proc.returncode == 2 and f"{other_machine}: baseline is for hardware 'AMD EPYC 7742" in proc.stderr
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(baseline.read_text()[:100])
+    proc = run_cli("check", "--baseline", broken, "--results", results)
+    assert proc.returncode == 2 and f"{broken}: baseline is not valid JSON" in proc.stderr
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli("check", "--baseline", baseline, "--results", empty)
+    assert proc.returncode == 2 and f"{empty}/summary.csv: missing: no pipeline run" in proc.stderr
+
+    damaged = sorted((results / HISTORY_DIR).glob("*.jsonl"))[1]
+    damaged.write_text(damaged.read_text() + '{"schema": 1, "pipeline_run"\n')
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 2 and f"{damaged}:4: corrupt row, not valid JSON" in proc.stderr
+    assert not (results / "alerts.json").exists()
+
+
+def test_baseline_update_chooses_runs_and_refuses_a_mixed_experiment(tmp_path):
+    results = nights(tmp_path / "results", 3)
+    nights(results, 2, start=4, config=slowed_config(0.1))
+    ids = [p.name.split("-")[1].removesuffix(".jsonl") for p in sorted((results / HISTORY_DIR).glob("*.jsonl"))]
+    out = tmp_path / "cpu.json"
+    proc = run_cli("baseline", "update", "--results", results, "--out", out, "--runs", *(i[:8] for i in ids[:3]))
+    assert proc.returncode == 0, proc.stderr
+    assert [p["pipeline_run"] for p in json.loads(out.read_text())["pipeline_runs"]] == ids[:3]
+
+    proc = run_cli("baseline", "update", "--results", results, "--out", tmp_path / "mixed.json")
+    assert proc.returncode == 2 and "the chosen runs differ in config (reference.inject_slowdown)" in proc.stderr
+    assert not (tmp_path / "mixed.json").exists()
+    proc = run_cli("baseline", "update", "--results", results, "--out", out, "--runs", ids[0], ids[1])
+    assert proc.returncode == 2 and "a baseline needs at least 3 pipeline runs" in proc.stderr
+
+
+def _history(values):
+    return pd.DataFrame(np.log(values), index=[f"r{i}" for i in range(len(values))])
+
+
+def test_one_seed_hit_by_a_load_spike_does_not_alert():
+    rng = np.random.default_rng(3)
+    history = _history(1000 * np.exp(0.01 * rng.standard_normal((12, 3))))
+    baseline = {s: list(1000 * np.exp(0.01 * rng.standard_normal(5))) for s in (0, 1, 2)}
+    spike = assess(THROUGHPUT, {0: 600.0, 1: 1001.0, 2: 998.0}, baseline, history)
+    assert spike["status"] == "ok" and spike["evidence"]["per_seed_change"]["0"] < -35
+    slow = assess(THROUGHPUT, {0: 930.0, 1: 935.0, 2: 940.0}, baseline, history)
+    fast = assess(THROUGHPUT, {0: 1100.0, 1: 1090.0, 2: 1080.0}, baseline, history)
+    assert slow["status"] == "regression" and fast["status"] == "improved"
+
+
+def test_noise_level_ignores_an_earlier_level_shift_and_a_freak_run():
+    rng = np.random.default_rng(4)
+    values = 1000 * np.exp(0.01 * rng.standard_normal((20, 3)))
+    sigma_clean, n = noise_level(_history(values))
+    values[10:] *= 0.8  # an old regression that became the new normal
+    values[5] *= 0.5  # one run on a machine that was busy
+    sigma, _ = noise_level(_history(values))
+    assert n == 20 and 0.003 < sigma_clean < 0.02 and sigma < 1.5 * sigma_clean
+    assert math.isclose(noise_level(_history(np.full((10, 3), 1000.0)))[0], 0.0)
+
+
+@pytest.mark.e2e
+def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipeline, tmp_path):
+    """The real `snakemake check` on a copy of the micro pipeline's results, against a baseline 1.5x faster."""
+    work = tmp_path / "work"
+    shutil.copytree(micro_pipeline / "results", work / "results")
+    proc = snakemake(work, "history", "--cores", "1", "--configfile", REPO / "workflows" / "config" / "micro.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [appended] = (work / "results" / HISTORY_DIR).glob("*.jsonl")
+    real = [json.loads(line) for line in appended.read_text().splitlines()]
+    assert {r["seed"] for r in real} == {1, 2} and {r["profile"] for r in real} == {"micro"}
+
+    # Nights before this one, on this machine: the real rows, 1.5x faster, with 1% noise.
+    rng = np.random.default_rng(5)
+    past = []
+    for day in range(1, 11):
+        pid = f"{day:016x}"
+        for r in real:
+            level = 1.5 * math.exp(0.01 * rng.standard_normal())
+            metrics = {**r["metrics"], "throughput_tok_s": r["metrics"]["throughput_tok_s"] * level}
+            past.append({**r, "pipeline_run": pid, "pipeline_time": f"2026-01-{day:02d}T00:00:00+00:00",
+                         "metrics": metrics})
+    (work / "results" / HISTORY_DIR / "20260101T000000Z-past.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in past))
+    baseline = work / "baselines" / "micro.json"
+    assert run_cli("baseline", "update", "--results", work / "results", "--out", baseline,
+                   "--runs", *(f"{d:016x}" for d in range(6, 11))).returncode == 0
+
+    proc = snakemake(work, "check", "--cores", "1", "--configfile", REPO / "workflows" / "config" / "micro.yaml")
+    assert proc.returncode != 0
+    md = (work / "results" / "alerts.md").read_text()
+    assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
+    assert len(list((work / "results" / HISTORY_DIR).glob("*.jsonl"))) == 2  # appended once, not again

@@ -1,0 +1,312 @@
+"""The comparison report on SYNTHETIC results directories (tests/synthetic.py: formula data, `synthetic-*` names)."""
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import synthetic
+from conftest import REPO, run_cli, snakemake
+from harness import HarnessError
+from harness.config import validate_config
+from harness.frameworks import _REGISTRY
+from harness.io import write_json
+from harness.metrics import to_frame, write_metrics
+from harness.report import CLAIMS_PATH, load_claims, render
+
+sys.path.insert(0, str(REPO / "scripts"))
+import browser_check  # noqa: E402
+
+FAST, SLOW, FLAT, GPU = "synthetic-fast", "synthetic-slow", "synthetic-flat", "synthetic-gpu"
+
+
+@pytest.fixture
+def frameworks(monkeypatch):
+    """Synthetic adapters in the registry for one test (removed afterwards)."""
+    for name in (FAST, SLOW, FLAT):
+        monkeypatch.setitem(_REGISTRY, name, synthetic.adapter(name))
+    monkeypatch.setitem(_REGISTRY, GPU, synthetic.adapter(GPU, needs_gpu=True))
+
+
+def three_frameworks(results, seeds=(1, 2, 3), steps=60):
+    config = synthetic.write_config(results, [FAST, SLOW, FLAT, GPU], list(seeds), steps=steps, warmup=5)
+    for s in seeds:
+        synthetic.write_run(results, FAST, s, steps=steps, step_s=0.5, final_reward=0.8)
+        synthetic.write_run(results, SLOW, s, steps=steps, step_s=1.5, final_reward=0.8, transition_s=None)
+        synthetic.write_run(results, FLAT, s, steps=steps, step_s=0.4, final_reward=0.05)
+    return config
+
+
+def html_images(page: str) -> list[bytes]:
+    return [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_report_is_one_self_contained_page_with_the_shared_table(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results)
+    render(results, results / "report")
+    out = results / "report"
+
+    page = (out / "index.html").read_text()
+    images = html_images(page)
+    assert len(images) == 3 and all(i[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+    assert page.count("<img") == 3 and "http://" not in page and "https://" not in page
+    for name in ("throughput.png", "step_time.png", "reward_curve.png"):
+        assert (out / name).read_bytes() in images  # the embedded figure is the file written beside it
+
+    # relative speed recomputed here from the parquet files: median over measured steps, then over seeds
+    measured = {}
+    for fw in (FAST, SLOW, FLAT):
+        per_seed = [pd.read_parquet(p).query("step > 5")["throughput_tok_s"].median()
+                    for p in (results / "metrics" / fw).glob("*.parquet")]
+        measured[fw] = pd.Series(per_seed).median()
+    table = pd.read_csv(out / "throughput.csv").set_index("framework")
+    assert table.loc[SLOW, "relative"] == pytest.approx(1.0)
+    assert table.loc[FLAT, "relative"] == pytest.approx(measured[FLAT] / measured[SLOW])
+    assert table.loc[FAST, "tokens_per_s"] == pytest.approx(measured[FAST])
+    # the phases are faster than the whole step, since each is only part of it
+    assert (table["gen_tokens_per_s"] > table["tokens_per_s"]).all()
+    assert (table["train_tokens_per_s"] > table["tokens_per_s"]).all()
+    md = (out / "throughput.md").read_text()
+    assert f"| {SLOW} |" in md and "1.00x" in md
+
+    # transition: not exposed by one framework, timed by the others
+    assert re.search(rf"<td>{SLOW}</td><td>not exposed</td>", page)
+    assert pd.isna(table.loc[SLOW, "transition_s_median"]) and table.loc[FAST, "transition_s_p90"] > 0
+
+    # a fast framework that does not learn is named as such
+    assert f"{FLAT} did not reach 90% of the best final reward in any seed" in page
+    assert f"Fastest: {FLAT}" in page
+
+
+def test_every_planned_run_is_listed_and_a_corrupt_metrics_file_fails_only_its_run(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results)
+    bad = results / "metrics" / FAST / "seed2.parquet"
+    bad.write_bytes(b"PAR1 truncated by a full disk")
+    log = results / "logs" / "run" / f"{FAST}_seed2.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "RuntimeError: synthetic failure at the end\n")
+    render(results, results / "report")
+
+    runs = pd.read_csv(results / "report" / "runs.csv")
+    assert len(runs) == 4 * 3
+    status = runs.set_index(["framework", "seed"])["status"]
+    assert status[(FAST, 2)] == "failed" and status[(FAST, 1)] == "ok" and status[(SLOW, 3)] == "ok"
+    assert f"{bad}: not a readable parquet file" in runs.set_index(["framework", "seed"]).loc[(FAST, 2), "reason"]
+    assert (runs[runs["framework"] == GPU]["status"] == "not run").all()
+    assert runs[runs["framework"] == GPU]["reason"].str.startswith("needs GPUs").all()
+
+    page = (results / "report" / "index.html").read_text()
+    assert "RuntimeError: synthetic failure at the end" in page and "line 99" in page
+    assert "line 60" not in page  # a tail, not the whole log
+    table = pd.read_csv(results / "report" / "throughput.csv").set_index("framework")
+    assert table.loc[FAST, "seeds"] == 2 and table.loc[SLOW, "seeds"] == 3
+
+
+def test_runs_without_metrics_get_the_status_their_traces_show(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results, seeds=(1,))
+    (results / "metrics" / SLOW / "seed1.parquet").unlink()
+    log = results / "logs" / "ingest" / f"{SLOW}_seed1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("remax-bench ingest: error: synthetic log has no step lines\n")
+    (results / "metrics" / FAST / "seed1.parquet").unlink()  # its run directory is still there
+    (results / "metrics" / FLAT / "seed1.parquet").unlink()
+    shutil.rmtree(results / "runs" / FLAT)
+    (results / "logs" / "run").mkdir(parents=True)
+    (results / "logs" / "run" / f"{FLAT}_seed1.log").touch()  # started, then killed before writing a word
+    config = json.loads((results / "config.json").read_text())
+    config["frameworks"].append("synthetic-gone")  # registered when the config was frozen, not now
+    write_json(results / "config.json", config)
+    render(results, results / "report")
+    runs = pd.read_csv(results / "report" / "runs.csv").set_index("framework")
+    assert runs.loc[SLOW, "status"] == "failed" and "see the log" in runs.loc[SLOW, "reason"]
+    assert runs.loc[FAST, "status"] == "not run" and "finished but was not ingested" in runs.loc[FAST, "reason"]
+    assert runs.loc[FLAT, "status"] == "failed" and "is empty (killed?)" in runs.loc[FLAT, "reason"]
+    assert runs.loc["synthetic-gone", "status"] == "not run"
+    assert "no registered adapter" in runs.loc["synthetic-gone", "reason"]
+    assert "synthetic log has no step lines" in (results / "report" / "index.html").read_text()
+
+
+def step_run(results, framework, seed, rewards, step_s=1.0, gen_s=None):
+    rows = [dict(framework=framework, framework_version="0", run_id=f"{framework}-{seed}", seed=seed, step=i + 1,
+                 n_gpus=0, time_step_s=step_s, time_gen_s=step_s / 2 if gen_s is None else gen_s, time_transition_s=0.0, time_train_s=step_s / 4,
+                 tokens_prompt=10.0, tokens_response=10.0, tokens_baseline=5.0, reward_mean=r,
+                 reward_baseline_mean=0.0, kl_mean=0.0, response_length_mean=1.0) for i, r in enumerate(rewards)]
+    write_metrics(to_frame(rows, "synthetic step rewards"), results / "metrics" / framework / f"seed{seed}.parquet")
+
+
+@pytest.mark.parametrize("fraction, step", [(0.9, 59), (0.5, 55)])
+def test_time_to_reward_is_the_wall_time_until_the_trailing_mean_reaches_the_target(tmp_path, frameworks, fraction,
+                                                                                    step):
+    results = tmp_path / "results"
+    config = validate_config({"frameworks": [FAST, FLAT], "seeds": [1], "remax": {"steps": 100, "warmup_steps": 5},
+                              "report": {"time_to_reward_fraction": fraction}})
+    write_json(results / "config.json", config)
+    # reward 0 for 50 steps, then 1: the trailing mean over 10 steps is 0.1 * (step - 50) from step 51 on
+    step_run(results, FAST, 1, [0.0] * 50 + [1.0] * 50, step_s=2.0)
+    step_run(results, FLAT, 1, [0.0] * 100, gen_s=float("nan"))  # a framework that does not time generation
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    assert f"{FAST} reached {fraction:.0%} of the best final reward in {2.0 * step:.1f} s" in page
+    assert f"{FLAT} did not reach" in page
+    table = pd.read_csv(results / "report" / "throughput.csv").set_index("framework")
+    assert pd.isna(table.loc[FLAT, "gen_tokens_per_s"]) and table.loc[FAST, "gen_tokens_per_s"] == pytest.approx(20)
+
+
+def test_fairness_table_shows_effective_values_and_the_cause_of_each_mismatch(tmp_path, frameworks):
+    results = tmp_path / "results"
+    config = three_frameworks(results, seeds=(1, 2))
+    for seed in (1, 2):
+        write_json(results / "plans" / FAST / f"seed{seed}" / "plan.json", {
+            "hyperparameters": [
+                {"key": "remax.lr", "shared": config["remax"]["lr"], "framework_key": "actor.optim.lr",
+                 "effective": config["remax"]["lr"]},
+                {"key": "remax.top_p", "shared": 1.0, "framework_key": "rollout.top_p", "effective": 0.9},
+                {"key": "remax.train_batch_size", "shared": 16, "framework_key": "data.train_batch_size",
+                 "effective": 16 if seed == 1 else 32},
+                {"key": "seeds", "shared": seed, "framework_key": "seed", "effective": seed},
+                {"key": "remax.kl_coef", "shared": 0.5 if seed == 2 else config["remax"]["kl_coef"],
+                 "framework_key": "kl", "effective": 0.5 if seed == 2 else config["remax"]["kl_coef"]},
+            ],
+            "deviations": [{"key": "remax.top_p", "shared": 1.0, "effective": 0.9,
+                            "cause": "synthetic cause: top_p hard-coded"},
+                           {"key": "reward.clip", "shared": None, "effective": 5.0,
+                            "cause": "synthetic cause: reward clipped to +-5"}]})
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    section = page[page.index("4. Fairness"):page.index("5. Published")]
+    assert re.search(r'class="mismatch"><b>0.9</b>.*?synthetic cause: top_p hard-coded', section)
+    assert re.search(r'class="mismatch"><b>5.0</b>.*?synthetic cause: reward clipped to \+-5', section)
+    # seeds planned differently: both values shown, flagged although the adapter gave no cause
+    assert re.search(r'class="mismatch"><b>\[16, 32\]</b>.*?the adapter gives no cause', section)
+    # a plan made from another config is caught although it follows its own shared value
+    assert re.search(r'class="mismatch"><b>\[0.001, 0.5\]</b>.*?made from another config \(shared value there: 0.5\)',
+                     section)
+    # a per-run key (one seed of `seeds` per plan) is a match
+    seeds_row = re.search(r"<tr><td><code>seeds</code></td>.*?</tr>", section, re.S).group(0)
+    assert "mismatch" not in seeds_row and "[1, 2]" in seeds_row
+    assert "4 setting(s) differ" in section
+    # an integer key stays an integer; a key the adapter does not map is said so, never shown as a match
+    assert "<td><code>remax.rollout_n</code></td><td>4</td>" in section
+    assert "the adapter does not map this key" in section and "no plan.json under results/plans" in section
+
+
+def test_conformance_table_and_a_malformed_one(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results, seeds=(1,))
+    pd.DataFrame([{"framework": FAST, "case": "outcome", "max_abs_diff": 0.0, "verdict": "match", "note": ""},
+                  {"framework": FAST, "case": "dense", "max_abs_diff": 0.25, "verdict": "differs",
+                   "note": "synthetic: outcome-only estimator"}]).to_csv(results / "conformance.csv", index=False)
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    assert re.search(r'<tr class="mismatch"><td>synthetic-fast</td><td>dense</td>.*?differs', page)
+
+    (results / "conformance.csv").write_text("framework,case\nx,y\n")
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    assert f"{results / 'conformance.csv'}: lacks columns max_abs_diff, verdict, note" in page
+    assert "1. Throughput" in page
+
+
+def test_claims_compared_only_on_matching_hardware(tmp_path, frameworks):
+    results = tmp_path / "results"
+    synthetic.write_config(results, [FAST, SLOW], [1], steps=20, warmup=2)
+    synthetic.write_run(results, FAST, 1, steps=20, step_s=0.5, final_reward=0.5, n_gpus=8, gpus=synthetic.A100X8)
+    synthetic.write_run(results, SLOW, 1, steps=20, step_s=1.0, final_reward=0.5)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(f"""
+throughput:
+  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim}}
+  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: H100}}, source: synthetic claim}}
+  - {{framework: {SLOW}, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim}}
+  - {{framework: synthetic-absent, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: s}}
+ratios:
+  - {{faster: {FAST}, slower: {SLOW}, ratio: 2.0, hardware: {{gpus: null, gpu: A100}}, source: synthetic claim}}
+""")
+    render(results, results / "report", claims_path=claims)
+    page = (results / "report" / "index.html").read_text()
+    fast = pd.read_csv(results / "report" / "throughput.csv").set_index("framework").loc[FAST, "tokens_per_s"]
+    assert f"<b>{fast:,.0f} tokens/s ({fast / 1000:.2f}x the claim)</b>" in page
+    assert f"not comparable: different hardware (this run: {FAST} on 8x NVIDIA A100-SXM4-80GB)" in page
+    assert f"not comparable: different hardware (this run: {SLOW} on 0 GPUs (synthetic CPU))" in page
+    assert "not measured: no completed synthetic-absent run" in page
+    assert page.count("not comparable") == 3  # the ratio too: one side ran on a CPU
+
+
+def test_project_claims_file_has_a_source_for_every_claim():
+    claims = load_claims(CLAIMS_PATH)
+    assert {c["framework"] for c in claims["throughput"]} == {"dschat", "openrlhf", "verl"}
+    assert all(c["source"] for c in claims["throughput"] + claims["ratios"])
+
+
+def test_bad_claims_file_names_the_entry(tmp_path):
+    bad = tmp_path / "claims.yaml"
+    bad.write_text("throughput:\n  - {framework: x, tokens_per_s: 1}\n")
+    with pytest.raises(HarnessError, match=r"at throughput\[0\]: missing hardware, source"):
+        load_claims(bad)
+
+
+def test_time_to_reward_fraction_is_in_the_schema():
+    assert validate_config({})["report"] == {"time_to_reward_fraction": 0.9}
+    with pytest.raises(HarnessError, match="report.time_to_reward_fraction"):
+        validate_config({"report": {"time_to_reward_fraction": 1.5}})
+
+
+def test_cli_without_a_frozen_config_exits_2_naming_the_file(tmp_path):
+    proc = run_cli("report", tmp_path, "--out", tmp_path / "report")
+    assert proc.returncode == 2 and f"{tmp_path / 'config.json'}: no effective config" in proc.stderr
+    assert not (tmp_path / "report").exists()
+
+
+def test_no_completed_run_still_renders_the_status(tmp_path, frameworks):
+    results = tmp_path / "results"
+    synthetic.write_config(results, [FAST, GPU], [1], steps=10, warmup=2)
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    assert "No run completed: nothing to compare." in page and "needs GPUs" in page
+    assert len(html_images(page)) == 3
+
+
+needs_chromium = pytest.mark.skipif(browser_check.chromium_path() is None,
+                                    reason="chromium not installed (Debian: apt-get install -y chromium)")
+
+
+@needs_chromium
+def test_report_loads_in_headless_chromium_without_errors(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results)
+    render(results, results / "report")
+    shot = results / "report" / "screenshot.png"
+    assert browser_check.check_page(results / "report" / "index.html", shot) == []
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_chromium
+def test_browser_check_catches_a_missing_image_and_a_console_error(tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text('<!DOCTYPE html><html><body><img alt="gone" src="missing.png">'
+                    '<script>console.error("synthetic error")</script></body></html>')
+    problems = browser_check.check_page(page, tmp_path / "shot.png")
+    assert "image did not load: gone" in problems
+    assert "console error: synthetic error" in problems
+    assert any(p.startswith("browser error") or p.startswith("load failed") for p in problems)
+
+
+@pytest.mark.e2e
+def test_snakemake_report_includes_the_html_report(micro_pipeline, tmp_path):
+    index = micro_pipeline / "results" / "report" / "index.html"
+    assert "| reference |" in (micro_pipeline / "results" / "report" / "throughput.md").read_text()
+    assert "<h1>ReMax framework comparison</h1>" in index.read_text()
+    proc = snakemake(micro_pipeline, "--report", tmp_path / "snakemake_report.zip",
+                     "--configfile", REPO / "workflows" / "config" / "micro.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(tmp_path / "snakemake_report.zip")],
+                             capture_output=True, text=True).stdout
+    assert "index.html" in listing and "reward_curve.png" in listing

@@ -1,0 +1,52 @@
+# Regression alerts (harness/history.py, harness/regression.py; docs/regression.md).
+# `snakemake --cores all check`: appends this pipeline run to the history, writes results/alerts.md|json and
+# fails when a throughput or transition-time regression is found. The history itself is not a rule output:
+# Snakemake deletes a rule's outputs before it reruns, and the history must outlive every run.
+
+
+rule history:
+    input:
+        summary=rules.summarize.output[0],
+        runs=rules.summarize.input.runs,
+        metrics=rules.summarize.input.metrics,
+    output:
+        f"{RESULTS}/history.appended.json",
+    log:
+        f"{RESULTS}/logs/history.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        results=lambda w, input: os.path.dirname(input.summary),
+    shell:
+        "remax-bench history append --results {params.results} --receipt {output} > {log} 2>&1"
+
+
+rule alerts:
+    input:
+        receipt=rules.history.output[0],
+        baseline=f"{workflow.basedir}/baselines/{config['profile']}.json",
+    output:
+        md=f"{RESULTS}/alerts.md",
+        json=f"{RESULTS}/alerts.json",
+    log:
+        f"{RESULTS}/logs/alerts.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        results=lambda w, output: os.path.dirname(output.json),
+    # Exit 1 (a regression) keeps the alerts as outputs; the `check` target below turns it into a failure.
+    shell:
+        "remax-bench check --baseline {input.baseline} --results {params.results} > {log} 2>&1 || test $? -eq 1"
+
+
+rule check:
+    input:
+        md=rules.alerts.output.md,
+        json=rules.alerts.output.json,
+    log:
+        f"{RESULTS}/logs/check.log",
+    localrule: True
+    conda:
+        "../envs/harness.yaml"
+    shell:
+        "cat {input.md} | tee {log}; ! grep -q '\"status\": \"regression\"' {input.json}"
