@@ -19,6 +19,7 @@ include: "workflows/rules/ingest.smk"
 include: "workflows/rules/summarize.smk"
 include: "workflows/rules/report.smk"
 include: "workflows/rules/check.smk"
+include: "workflows/rules/conformance.smk"
 
 
 rule all:

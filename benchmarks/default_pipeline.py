@@ -29,15 +29,14 @@ TARGET_WALL_S, TARGET_GAIN = 300.0, 0.2
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configfile", type=Path, default=None)
+    ap.add_argument("--configfile", type=Path, default=REPO / "workflows" / "config" / "cpu.yaml",
+                    help="the Snakefile's default config is relative to the working directory, so name it")
     ap.add_argument("--keep", type=Path, default=None, help="working directory to use and keep (must not exist)")
     args = ap.parse_args()
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="remax-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     cmd = [shutil.which("snakemake") or "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--cores", "all"]
-    if args.configfile:
-        cmd += ["--configfile", str(args.configfile.resolve())]
+           "--cores", "all", "--configfile", str(args.configfile.resolve())]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -96,6 +96,22 @@ def cmd_summarize(args) -> None:
     print(summary.to_string(index=False))
 
 
+def cmd_conformance(args) -> None:
+    """Each configured framework's own advantage code on the shared vectors, in one table for the report."""
+    import pandas as pd
+
+    from harness.frameworks import get_adapter
+    from harness.io import atomic_path
+
+    tables = [get_adapter(fw).conformance() for fw in _config(args)["frameworks"] if get_adapter(fw).conformance]
+    if not tables:
+        raise HarnessError(f"{args.config}: no configured framework has a conformance check")
+    table = pd.concat(tables, ignore_index=True)
+    with atomic_path(args.out) as tmp:
+        table.to_csv(tmp, index=False)
+    print(table.to_string(index=False))
+
+
 def cmd_env(args) -> None:
     from harness.envs import ensure_env
     from harness.io import write_text
@@ -213,6 +229,11 @@ def parser() -> argparse.ArgumentParser:
                     help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
     sp.add_argument("--out", required=True)
     sp.set_defaults(func=cmd_summarize)
+
+    sp = sub.add_parser("conformance", help="frameworks' own ReMax advantage vs the reference (builds their CPU envs)")
+    with_config(sp)
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_conformance)
 
     sp = sub.add_parser("env", help="build (once) the pinned environment workflows/envs/NAME.txt; print its python")
     sp.add_argument("name")

@@ -52,4 +52,5 @@ def test_a_killed_run_is_reported_failed_and_only_it_is_rerun(tmp_path):
     dry = subprocess.run(cmd + ["-n"], cwd=tmp_path, env=env, capture_output=True, text=True)
     table = (dry.stdout + dry.stderr).split("Job stats:")[1].split("\n\n")[0]
     jobs = dict(line.split() for line in table.splitlines()[3:] if line.strip())
-    assert jobs == {"run_embedded": "1", "ingest": "1", "summarize": "1", "report": "1", "all": "1", "total": "5"}
+    assert jobs == {"run_embedded": "1", "ingest": "1", "summarize": "1", "report": "1", "history": "1", "all": "1",
+                    "total": "6"}

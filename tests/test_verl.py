@@ -364,8 +364,12 @@ def test_a_key_or_value_verl_does_not_accept_fails(composed, name):
     assert BAD[name][1] in composed[name].get("error", "")
 
 
-def test_conformance_table(verl_python):
-    table = get_adapter("verl").conformance()
+def test_conformance_table(verl_python, tmp_path):
+    # through the CLI the `conformance` pipeline target calls: results/conformance.csv, read by the report
+    (tmp_path / "c.yaml").write_text("frameworks: [verl]\n")
+    proc = run_cli("conformance", "--config", tmp_path / "c.yaml", "--out", tmp_path / "conformance.csv")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "conformance.csv")
     assert list(table.columns) == ["framework", "case", "max_abs_diff", "verdict", "note"]
     rows = table.set_index("case")
     assert set(rows.index) == set(CASES) | {"missing_baseline"}

@@ -24,7 +24,7 @@ rule history:
 rule alerts:
     input:
         receipt=rules.history.output[0],
-        baseline=f"{workflow.basedir}/baselines/{config['profile']}.json",
+        baseline=f"baselines/{config['profile']}.json",  # the working directory's (the repository's, normally)
     output:
         md=f"{RESULTS}/alerts.md",
         json=f"{RESULTS}/alerts.json",
