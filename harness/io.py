@@ -86,7 +86,7 @@ def verify_hash(path: str | os.PathLike) -> str:
     side = sidecar(path)
     if not side.is_file():
         raise HarnessError(f"{side}: no recorded sha256 for input {path}")
-    recorded = side.read_text().split()[0] if side.read_text().split() else ""
+    recorded = next(iter(side.read_text().split()), "")
     actual = sha256_tree(path)
     if actual != recorded:
         raise HarnessError(
