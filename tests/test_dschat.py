@@ -285,7 +285,7 @@ def task_files(tmp_path_factory):
 
 
 DRIVER = r"""
-import json, sys, types
+import json, os, sys, types
 sys.path.insert(0, sys.argv[1])
 import torch, deepspeed
 import dschat_launcher as L
@@ -354,7 +354,10 @@ else:
         trainer.actor_model.step()
         report["steps"].append({"rewards": exp["rewards"].tolist(), "baseline_rewards": exp["baseline_rewards"].tolist(),
                                 "input_ids": exp["input_ids"].tolist(), "prompt_length": prompt.shape[1]})
-print("REPORT " + json.dumps(report))
+print("REPORT " + json.dumps(report), flush=True)
+# Leave without interpreter teardown: DeepSpeed's CPU comm threads sometimes abort the process at exit
+# ("terminate called without an active exception", seen once in CI) after all the work above is done.
+os._exit(0)
 """
 
 
