@@ -7,11 +7,14 @@ installed after the requirements, one package each: `#!no-deps PKG==V` without i
 own pins cannot install here), `#!no-build-isolation PKG==V` against the torch already installed (flash-attn
 builds its CUDA kernels that way). An environment is built
 once and reused; it is rebuilt when its description changes (the stamp holds the description's sha256).
+With `container.runtime: apptainer` an image of the framework's published image, with the same description installed,
+takes the venv's place (harness/container.py); env_command gives a launch command its prefix either way.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,8 +57,36 @@ def post_install(spec: Path) -> list[tuple[str, str]]:
             for prefix, flag in POST_INSTALL.items() if line.startswith(prefix)]
 
 
+def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None) -> list[list[str]]:
+    """The pip commands that install a description: its requirements, then each post-install line. `spec_as` is
+    the description's path where the commands run (inside an image under construction)."""
+    return [[*pip, "-r", spec_as or str(spec)], *([*pip, flag, req] for flag, req in post_install(spec))]
+
+
 def env_python(name: str, root: Path = ENV_ROOT) -> Path:
     return root / name / "bin" / "python"
+
+
+def env_command(name: str, config: dict, program: str = "python") -> list[str]:
+    """The command that runs `program` of environment `name` as `container.runtime` says: the venv's own, or the
+    image's inside `apptainer exec`. The one place a launch command's prefix is built; every adapter asks here."""
+    if config["container"]["runtime"] == "apptainer":
+        from harness import container
+
+        return [*container.exec_prefix(name, config), program]
+    return [str(ENV_ROOT / name / "bin" / program)]  # ENV_ROOT read now: tests point it elsewhere
+
+
+def env_check(name: str, config: dict, program: str = "python") -> str:
+    """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing."""
+    if config["container"]["runtime"] == "apptainer":
+        from harness import container
+
+        return container.launch_check(name, config)
+    path = shlex.quote(env_command(name, config, program)[0])
+    return (f"if [ ! -x {path} ]; then\n"
+            f"  echo \"launch.sh: no environment at {path}: build it with 'remax-bench env {name}'\" >&2\n"
+            f"  exit 2\nfi\n")
 
 
 def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -> Path:
@@ -71,8 +102,7 @@ def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, **install_env_vars(spec)}
     pip = [str(env_python(name, root)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    steps = [[python, "-m", "venv", str(venv)], [*pip, "-r", str(spec)]]
-    steps += [[*pip, flag, req] for flag, req in post_install(spec)]
+    steps = [[python, "-m", "venv", str(venv)], *pip_steps(spec, pip)]
     for cmd in steps:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:

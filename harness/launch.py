@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from harness import HarnessError
-from harness.envs import env_python
+from harness import container
+from harness.envs import env_command
 from harness.io import atomic_path, write_json
 from harness.manifest import build_manifest
 
@@ -39,13 +40,28 @@ def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> st
     return f"exit code {returncode}"
 
 
-def environment_packages(env: str | None) -> list[str] | None:
-    """`pip freeze` of the framework's own environment: its versions, not the harness's, belong in the manifest."""
-    python = env_python(env) if env else None
-    if python is None or not python.exists():
+def environment_packages(env: str | None, config: dict) -> list[str] | None:
+    """`pip freeze` of the framework's own environment (its venv, or inside its image): its versions, not the
+    harness's, belong in the manifest."""
+    if env is None:
         return None
-    proc = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True)
+    python = env_command(env, config, "python3")
+    if config["container"]["runtime"] == "venv" and not Path(python[0]).exists():
+        return None
+    try:
+        proc = subprocess.run([*python, "-m", "pip", "freeze"], capture_output=True, text=True)
+    except OSError:  # no apptainer on this node
+        return None
     return proc.stdout.splitlines() if proc.returncode == 0 else None
+
+
+def environment_record(env: str | None, config: dict) -> dict:
+    """Which environment the run used: the runtime, and for an image its reference and the .sif's sha256."""
+    record = {"name": env, "runtime": config["container"]["runtime"], "packages": environment_packages(env, config)}
+    if env is not None and record["runtime"] == "apptainer":
+        image = container.image_record(env)
+        record["image"] = {k: v for k, v in image.items() if k != "definition"} if image else None
+    return record
 
 
 def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config: dict) -> None:
@@ -78,6 +94,6 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
         write_json(tmp / "manifest.json", build_manifest(
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],
             seed=plan["seed"], config=config, inputs=plan["inputs"],
-            extra={"environment": {"name": plan.get("env"), "packages": environment_packages(plan.get("env"))},
+            extra={"environment": environment_record(plan.get("env"), config),
                    "timed_window": {"start": start, "end": time.time()}},
         ))

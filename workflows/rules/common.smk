@@ -36,7 +36,24 @@ def run_dirs(framework):
 
 
 def framework_env_stamp(wildcards):
-    return f"{RESULTS}/envs/{get_adapter(wildcards.framework).env}.txt"
+    """The framework's environment: its venv's stamp, or its image's record when container.runtime is apptainer."""
+    env = get_adapter(wildcards.framework).env
+    if config["container"]["runtime"] == "apptainer":
+        return f"{RESULTS}/images/{env}.json"
+    return f"{RESULTS}/envs/{env}.txt"
+
+
+def image_inputs(wildcards):
+    settings = config["container"]["images"][wildcards.env]
+    spec = [f"{workflow.basedir}/workflows/envs/{wildcards.env}.txt"] if settings["install"] else []
+    return spec + [f"{workflow.basedir}/{script}" for script in settings["setup"]]
+
+
+def image_settings_json(wildcards):
+    """Only what the image is made from: a change elsewhere in the config must not rebuild a multi-GB image."""
+    settings = config["container"]
+    return json.dumps({"container": {"apptainer": settings["apptainer"],
+                                     "images": {wildcards.env: settings["images"][wildcards.env]}}})
 
 
 def framework_sources(wildcards):

@@ -1,0 +1,161 @@
+"""Apptainer images as the framework environments (`container.runtime: apptainer`), instead of the venvs.
+
+Each framework environment NAME gets one image, results/images/NAME.sif, made once by the workflow's
+framework_image rule (`remax-bench image NAME`) from the framework's published image (`container.images.NAME.from`):
+pulled as published (`install: false`), or built from a definition generated here that installs the pinned
+description workflows/envs/NAME.txt on top, with the same pip steps as the venv (harness.envs.pip_steps), so a
+container and a venv hold the same versions. Beside the image, NAME.json records where it came from and the sha256
+of the .sif; the run manifest copies it. launch.sh runs the framework's programs inside `apptainer exec --nv`
+(exec_prefix, used only through harness.envs.env_command); the host environment passes through (Apptainer's
+default), so launch.sh's exports, CUDA_VISIBLE_DEVICES and the scheduler's variables reach the framework.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from harness import HarnessError, envs
+from harness.io import atomic_path, sha256_file, write_json
+
+# The workflow's results directory (common.smk RESULTS), from the working directory: plans, runs, inputs and images.
+RESULTS = Path("results")
+IMAGES = RESULTS / "images"
+# Where a generated definition puts the description and setup scripts inside the image.
+IN_IMAGE = "/opt/remax-bench"
+
+
+def image_path(name: str) -> Path:
+    return (IMAGES / f"{name}.sif").absolute()
+
+
+def record_path(name: str) -> Path:
+    return (IMAGES / f"{name}.json").absolute()
+
+
+def image_settings(name: str, config: dict) -> dict:
+    images = config["container"]["images"]
+    if name not in images:
+        raise HarnessError(f"config: at container.images: no image for environment {name!r} "
+                           f"(configured: {', '.join(sorted(images))})")
+    return images[name]
+
+
+def binds(config: dict) -> list[str]:
+    """Host paths the framework sees inside the container, at the same paths: the harness code (reward bridges,
+    launchers, agents), results/ (inputs, plans, runs, the DeepSpeed-Chat checkout), the checkpoints the inputs link
+    to, and container.binds. Resolved, since plans name resolved paths and inputs link to the checkpoints."""
+    paths = [envs.REPO, RESULTS, config["policy"]["path"],
+             config["reward"]["path"] if config["reward"]["kind"] == "model" else None, *config["container"]["binds"]]
+    out = []
+    for p in paths:
+        if p is None:
+            continue
+        resolved = str(Path(p).resolve())
+        if "," in resolved or ":" in resolved:
+            raise HarnessError(f"config: {resolved}: apptainer --bind cannot take a path with ',' or ':'")
+        if resolved not in out:
+            out.append(resolved)
+    return out
+
+
+def exec_prefix(name: str, config: dict) -> list[str]:
+    image_settings(name, config)
+    return [config["container"]["apptainer"], "exec", "--nv", "--bind", ",".join(binds(config)),
+            str(image_path(name))]
+
+
+def launch_check(name: str, config: dict) -> str:
+    """Bash lines for launch.sh: stop with exit 2 when apptainer or the image is missing on the node."""
+    apptainer, image = shlex.quote(config["container"]["apptainer"]), shlex.quote(str(image_path(name)))
+    return (f"if ! command -v {apptainer} >/dev/null; then\n"
+            f"  echo \"launch.sh: {apptainer} not found (container.runtime is apptainer)\" >&2\n  exit 2\nfi\n"
+            f"if [ ! -f {image} ]; then\n"
+            f"  echo \"launch.sh: no image at {image}: build it with 'snakemake {IMAGES}/{name}.json'"
+            f" (remax-bench image {name})\" >&2\n  exit 2\nfi\n")
+
+
+def definition(name: str, settings: dict) -> str:
+    """An Apptainer definition: the published image, less `uninstall`, plus the pinned description and `setup`."""
+    bootstrap, _, ref = settings["from"].partition("://")
+    spec = envs.spec_path(name)
+    scripts = [envs.REPO / s for s in settings["setup"]]
+    for script in scripts:
+        if not script.is_file():
+            raise HarnessError(f"config: at container.images.{name}.setup: {script} is not a file")
+    files = [(spec, f"{IN_IMAGE}/{spec.name}"), *((s, f"{IN_IMAGE}/{s.name}") for s in scripts)]
+    pip = ["python3", "-m", "pip"]
+    install = [*pip, "install", "--no-cache-dir", "--disable-pip-version-check"]
+    post = [
+        "set -eu",
+        # NGC images constrain pip to their own torch build (PIP_CONSTRAINT); the pinned description decides here.
+        "export PIP_CONSTRAINT=",
+        *(f"export {k}={shlex.quote(v)}" for k, v in envs.install_env_vars(spec).items()),
+        *([shlex.join([*pip, "uninstall", "-y", *settings["uninstall"]])] if settings["uninstall"] else []),
+        *(shlex.join(cmd) for cmd in envs.pip_steps(spec, install, spec_as=f"{IN_IMAGE}/{spec.name}")),
+        *(shlex.join(["python3", f"{IN_IMAGE}/{s.name}"]) for s in scripts),
+    ]
+    return "\n".join([
+        f"Bootstrap: {bootstrap}",
+        f"From: {ref}",
+        "",
+        "%files",
+        *(f"    {src} {dest}" for src, dest in files),
+        "",
+        "%post",
+        *(f"    {line}" for line in post),
+        "",
+        "%labels",
+        f"    remax-bench.env {name}",
+        f"    remax-bench.description-sha256 {sha256_file(spec)}",
+        "",
+    ])
+
+
+def build_command(name: str, settings: dict, apptainer: str, out: Path, definition_file: Path) -> list[str]:
+    if settings["install"]:
+        return [apptainer, "build", str(out), str(definition_file)]
+    return [apptainer, "pull", str(out), settings["from"]]
+
+
+def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
+    """Pull or build the image of environment `name` into results/images/NAME.sif (or `out`) and write its record
+    beside it; the .sif and the record appear only when apptainer succeeded."""
+    settings = image_settings(name, config)
+    apptainer = config["container"]["apptainer"]
+    out = Path(out).absolute() if out else image_path(name)
+    text = definition(name, settings) if settings["install"] else None
+    try:
+        version = subprocess.run([apptainer, "--version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise HarnessError(f"config: at container.apptainer: cannot run {apptainer!r} ({e}); install Apptainer "
+                           "(https://apptainer.org) on the node that builds the images") from None
+    with atomic_path(out) as tmp:
+        definition_file = tmp.with_suffix(".def")
+        if text is not None:
+            definition_file.write_text(text)
+        cmd = build_command(name, settings, apptainer, tmp, definition_file)
+        print("+", shlex.join(cmd), flush=True)
+        proc = subprocess.run(cmd)
+        if proc.returncode or not tmp.is_file():
+            raise HarnessError(f"{out}: {' '.join(cmd[:2])} of environment {name!r} failed (exit {proc.returncode}); "
+                               "its output is above")
+        digest = sha256_file(tmp)
+    record = {
+        "env": name, "from": settings["from"], "install": settings["install"], "uninstall": settings["uninstall"],
+        "setup": settings["setup"], "definition": text,
+        "description_sha256": sha256_file(envs.spec_path(name)) if settings["install"] else None,
+        "sif": str(out), "sif_sha256": digest, "apptainer": version.stdout.strip(),
+        "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_json(out.with_suffix(".json"), record)
+    return record
+
+
+def image_record(name: str) -> dict | None:
+    """The record of environment `name`'s image, for the run manifest; None before the image is made."""
+    path = record_path(name)
+    return json.loads(path.read_text()) if path.is_file() else None
