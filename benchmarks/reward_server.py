@@ -1,15 +1,21 @@
-"""Load test of the shared reward server on loopback: requests/s and latency for single-sample requests.
+"""Load test of the shared reward server on loopback: requests/s and p50/p99 latency at several client counts.
 
-Starts the real server (`remax-bench serve-reward`, its own process), then C concurrent clients (keep-alive
-connections, spread over P client processes so the clients' Python does not share one interpreter lock) send
-single-sample OpenRLHF reward requests until N requests are done or T seconds have passed, whichever comes first.
-Every answer is checked (status 200 and the expected reward). Target: >= 1,000 requests/s with p99 < 50 ms.
+Starts the real server (`remax-bench serve-reward`, its own process) serving the rule or a reward model, then for
+each client count C: C concurrent clients (keep-alive connections, spread over P client processes so the clients'
+Python does not share one interpreter lock) send OpenRLHF reward requests of `--texts` texts each (3-digit
+addition prompts, every other response right) until N requests are done or T seconds have passed. Every answer
+is checked: status 200 and the expected rewards (the rule's own value; for a model, a direct `RewardModel.score`
+of the same texts, within --tolerance, as batching with other requests changes the padding). The server's /health
+counters give the requests per score call, which shows the batching.
 
-    python benchmarks/reward_server.py                  # defaults: 8 connections, 2 processes, 20,000 requests, 30 s
-    python benchmarks/reward_server.py --connections 32 --requests 50000 --json out.json
+    python benchmarks/reward_server.py                              # the rule; 1, 8 and 64 clients
+    python benchmarks/reward_server.py --reward model               # a tiny reward model built here (CPU policy size)
+    python benchmarks/reward_server.py --reward model --checkpoint DIR --json out.json
 
-Exit status: 0 when the target is met, 1 when not, 2 when the server could not be started or answered wrongly.
-Only loopback addresses are used. The figure depends on the machine and its load: rerun it where it matters.
+Target (the rule, 8 clients): >= 1,000 requests/s with p99 < 50 ms. A model has no target: its figure is the
+model's forward pass on this machine. Exit status: 0 when the target is met (or not measured), 1 when missed, 2
+when the server could not be started or answered wrongly. Only loopback addresses are used. The figures depend on
+the machine and its load (printed with them): rerun it where it matters.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import multiprocessing as mp
 import os
-import statistics
+import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,30 +37,76 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import reward  # noqa: E402
+from harness import reward, task  # noqa: E402
+from harness.io import atomic_path  # noqa: E402
 from harness.reward_server import wait_healthy  # noqa: E402
 
-TARGET_RPS = 1000.0
-TARGET_P99_MS = 50.0
-PROMPT, RESPONSE, LABEL = "37+45=", "82", "82"
+TARGET_CLIENTS, TARGET_RPS, TARGET_P99_MS = 8, 1000.0, 50.0
+TASK = {"kind": "addition", "digits": 3, "n_train": 512, "n_eval": 0, "seed": 0}
+DISTINCT_PAYLOADS = 32
 
 
-def _client(port: int, n_requests: int, deadline: float, out: list, errors: list) -> None:
-    body = json.dumps({"query": [PROMPT + RESPONSE], "prompts": [PROMPT], "labels": [LABEL]}).encode()
+def tiny_reward_model(dest: str | Path, *, hidden_size: int = 64, intermediate_size: int = 256, num_layers: int = 2,
+                      num_heads: int = 4, seed: int = 0) -> Path:
+    """A randomly initialised Llama reward model (one-label sequence classification, the format verl and OpenRLHF
+    load) with a tokenizer trained on the addition task, saved to `dest`. The defaults are the CPU profile's policy
+    size, which a reward model trained here starts from. Its scores mean nothing: it exercises the serving path."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from harness.policy import seed_everything, train_tokenizer
+
+    tokenizer = train_tokenizer([r["prompt"] + r["answer"] for r in task.generate(TASK)], 64)
+    seed_everything(seed)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=64, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    with atomic_path(dest) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return Path(dest)
+
+
+def payloads(texts: int) -> list[dict]:
+    """DISTINCT_PAYLOADS request bodies of `texts` texts each; every other response is the right answer."""
+    rows = task.generate(TASK)
+    out = []
+    for k in range(DISTINCT_PAYLOADS):
+        chunk = [rows[(k * texts + i) % len(rows)] for i in range(texts)]
+        responses = [r["answer"] if i % 2 == 0 else str(int(r["answer"]) + 1) for i, r in enumerate(chunk)]
+        out.append({"query": [r["prompt"] + s for r, s in zip(chunk, responses)],
+                    "prompts": [r["prompt"] for r in chunk], "labels": [r["answer"] for r in chunk],
+                    "responses": responses})
+    return out
+
+
+def expected_rewards(bodies: list[dict], checkpoint: Path | None, device: str, batch_size: int) -> list[list[float]]:
+    if checkpoint is None:
+        return [[reward.score(p, r, a) for p, r, a in zip(b["prompts"], b["responses"], b["labels"])] for b in bodies]
+    from harness.reward_model import RewardModel
+
+    model = RewardModel(checkpoint, device=device, batch_size=batch_size)
+    return [model.score(b["prompts"], b["responses"]) for b in bodies]
+
+
+def _client(port, bodies, expected, tolerance, first, n_requests, deadline, out, errors) -> None:
     headers = {"Content-Type": "application/json"}
-    expected = reward.score(PROMPT, RESPONSE, LABEL)
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        for _ in range(n_requests):
+        for i in range(first, first + n_requests):
             if time.monotonic() >= deadline:
                 break
+            k = i % len(bodies)
             t0 = time.perf_counter()
-            conn.request("POST", "/get_reward", body, headers)
+            conn.request("POST", "/get_reward", bodies[k], headers)
             resp = conn.getresponse()
             data = resp.read()
             out.append(time.perf_counter() - t0)
-            if resp.status != 200 or json.loads(data)["rewards"] != [expected]:
-                errors.append(f"HTTP {resp.status}: {data[:200]!r}")
+            got = json.loads(data).get("rewards") if resp.status == 200 else None
+            if got is None or len(got) != len(expected[k]) or any(
+                    not math.isclose(g, e, rel_tol=tolerance, abs_tol=tolerance) for g, e in zip(got, expected[k])):
+                errors.append(f"HTTP {resp.status}: {data[:300]!r}, expected rewards {expected[k]}")
                 return
     except OSError as e:
         errors.append(f"connection error: {e}")
@@ -60,10 +114,11 @@ def _client(port: int, n_requests: int, deadline: float, out: list, errors: list
         conn.close()
 
 
-def _process(port: int, threads: int, n_requests: int, deadline: float, queue) -> None:
+def _process(port, bodies, expected, tolerance, first, threads, n_requests, deadline, queue) -> None:
     latencies, errors = [], []
     per_thread = [n_requests // threads + (i < n_requests % threads) for i in range(threads)]
-    workers = [threading.Thread(target=_client, args=(port, n, deadline, latencies, errors)) for n in per_thread]
+    workers = [threading.Thread(target=_client, args=(port, bodies, expected, tolerance, first + 7 * i, n, deadline,
+                                                      latencies, errors)) for i, n in enumerate(per_thread)]
     for w in workers:
         w.start()
     for w in workers:
@@ -71,68 +126,130 @@ def _process(port: int, threads: int, n_requests: int, deadline: float, queue) -
     queue.put((latencies, errors))
 
 
-def run(connections: int, processes: int, n_requests: int, duration_s: float, port: int) -> dict:
-    processes = min(processes, connections)
-    queue = mp.get_context("spawn").Queue()
+def _served(url: str) -> dict:
+    return wait_healthy(url, 10)["served"]
+
+
+def run(url: str, bodies, expected, tolerance, clients: int, processes: int, n_requests: int,
+        duration_s: float) -> dict:
+    port = int(url.rsplit(":", 1)[1])
+    processes = min(processes, clients)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    req_shares = [n_requests * s // clients for s in shares]
+    before, load_before = _served(url), os.getloadavg()[0]
     deadline = time.monotonic() + duration_s
-    shares = [connections // processes + (i < connections % processes) for i in range(processes)]
-    req_shares = [n_requests * s // connections for s in shares]
-    procs = [mp.get_context("spawn").Process(target=_process, args=(port, s, r, deadline, queue))
-             for s, r in zip(shares, req_shares)]
+    procs = [ctx.Process(target=_process, args=(port, bodies, expected, tolerance, 101 * j, s, r, deadline, queue))
+             for j, (s, r) in enumerate(zip(shares, req_shares))]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
-    results = [queue.get(timeout=duration_s + 60) for _ in procs]
+    results = [queue.get(timeout=duration_s + 120) for _ in procs]
     wall = time.perf_counter() - t0
     for p in procs:
         p.join()
+    after = _served(url)
     latencies = sorted(x for lat, _ in results for x in lat)
     errors = [e for _, errs in results for e in errs]
     if not latencies:
         raise RuntimeError(f"no request completed: {errors[:3]}")
+    calls = after["score_calls"] - before["score_calls"]
+    pct = lambda q: 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
     # Process start-up is inside `wall`, which understates the rate slightly: the figure errs on the safe side.
     return {
-        "connections": connections, "client_processes": processes, "requests": len(latencies),
-        "wall_s": wall, "requests_per_s": len(latencies) / wall,
-        "latency_ms": {"p50": 1000 * latencies[len(latencies) // 2],
-                       "p99": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-                       "max": 1000 * latencies[-1], "mean": 1000 * statistics.fmean(latencies)},
-        "errors": errors[:5], "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+        "clients": clients, "client_processes": processes, "requests": len(latencies), "wall_s": wall,
+        "requests_per_s": len(latencies) / wall, "texts_per_s": len(latencies) * len(expected[0]) / wall,
+        "latency_ms": {"p50": pct(0.5), "p99": pct(0.99), "max": 1000 * latencies[-1],
+                       "mean": 1000 * sum(latencies) / len(latencies)},
+        "score_calls": calls,
+        "requests_per_score_call": (after["requests"] - before["requests"]) / calls if calls else None,
+        "overloaded": after["overloaded"] - before["overloaded"],
+        "errors": errors[:5], "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
     }
+
+
+def start_server(args, inputs: Path | None) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "harness.cli", "serve-reward", "--host", "127.0.0.1", "--port", "0",
+           "--batch-size", str(args.batch_size), "--max-pending", str(args.max_pending), "--device", args.device]
+    if inputs is not None:
+        cmd += ["--inputs", str(inputs)]
+    server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    line = server.stdout.readline()  # "reward server: serving ... at http://127.0.0.1:PORT (...)"
+    match = re.search(r" at (http://127\.0\.0\.1:\d+) ", line)
+    if not match:
+        server.terminate()
+        server.wait(timeout=10)
+        raise RuntimeError(f"reward server did not start: {line!r}")
+    wait_healthy(match.group(1), 60)
+    return server, match.group(1)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--reward", choices=["rule", "model"], default="rule")
+    ap.add_argument("--checkpoint", type=Path, help="--reward model: this checkpoint (default: a tiny one built here)")
+    ap.add_argument("--connections", "--clients", default="1,8,64",
+                    help="concurrent clients, a comma-separated list of levels (default: %(default)s)")
+    ap.add_argument("--texts", type=int, default=8, help="texts per request (default: %(default)s)")
     ap.add_argument("--processes", type=int, default=2, help="client processes the connections are spread over")
-    ap.add_argument("--requests", type=int, default=20000, help="stop after this many requests in all")
-    ap.add_argument("--duration", type=float, default=30.0, help="stop after this many seconds at most")
+    ap.add_argument("--requests", type=int, default=20000, help="per level: stop after this many requests in all")
+    ap.add_argument("--duration", type=float, default=8.0, help="per level: stop after this many seconds at most")
+    ap.add_argument("--batch-size", type=int, default=64, help="the server's texts per score call")
+    ap.add_argument("--max-pending", type=int, default=4096, help="the server's bound on waiting requests")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where a reward model scores")
+    ap.add_argument("--tolerance", type=float, default=1e-4,
+                    help="a model's served score vs its direct score (padding differs between batches)")
     ap.add_argument("--json", help="also write the result to this file")
     args = ap.parse_args()
+    levels = [int(c) for c in args.connections.split(",")]
 
-    server = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve-reward", "--host", "127.0.0.1",
-                               "--port", "0"], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        line = server.stdout.readline()  # "reward server: serving ... at http://127.0.0.1:PORT (...)"
+    with tempfile.TemporaryDirectory(prefix="reward-bench-") as tmp:
+        checkpoint = inputs = None
+        if args.reward == "model":
+            from harness.inputs import build_reward
+
+            checkpoint = args.checkpoint or tiny_reward_model(Path(tmp) / "tiny-rm")
+            inputs = Path(tmp) / "inputs"
+            build_reward({"reward": {"kind": "model", "path": str(checkpoint), "sha256": None}}, inputs)
+        bodies = payloads(args.texts)
+        expected = expected_rewards(bodies, checkpoint, args.device, args.batch_size)
+        encoded = [json.dumps({k: b[k] for k in ("query", "prompts", "labels")}).encode() for b in bodies]
         try:
-            url = line.split(" at ", 1)[1].split()[0]
-            port = int(url.rsplit(":", 1)[1])
-            wait_healthy(url, 30)
-        except Exception as e:
-            print(f"reward server did not start: {line!r} ({e})", file=sys.stderr)
+            server, url = start_server(args, inputs)
+        except Exception as e:  # noqa: BLE001 - reported as the exit status 2
+            print(e, file=sys.stderr)
             return 2
-        result = run(args.connections, args.processes, args.requests, args.duration, port)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-    result["target"] = {"requests_per_s": TARGET_RPS, "p99_ms": TARGET_P99_MS}
-    result["met"] = result["requests_per_s"] >= TARGET_RPS and result["latency_ms"]["p99"] < TARGET_P99_MS
+        try:
+            identity = wait_healthy(url, 10)
+            levels_out = [run(url, encoded, expected, args.tolerance, c, args.processes, args.requests,
+                              args.duration) for c in levels]
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    result = {
+        "reward": {k: identity[k] for k in ("kind", "reward", "sha256")},
+        "payload": f"{args.texts} texts per request (3-digit addition prompt + answer, every other answer right), "
+                   f"{DISTINCT_PAYLOADS} distinct bodies of ~{sum(map(len, encoded)) // len(encoded)} bytes",
+        "server": {"batch_size": args.batch_size, "max_pending": args.max_pending, "device": args.device},
+        "cpu_count": os.cpu_count(), "levels": levels_out,
+    }
+    target = next((lv for lv in levels_out if lv["clients"] == TARGET_CLIENTS), None)
+    if args.reward == "rule" and target is not None:
+        result["target"] = {"clients": TARGET_CLIENTS, "requests_per_s": TARGET_RPS, "p99_ms": TARGET_P99_MS}
+        result["met"] = target["requests_per_s"] >= TARGET_RPS and target["latency_ms"]["p99"] < TARGET_P99_MS
     print(json.dumps(result, indent=2))
+    print(f"\n{result['reward']['kind']} reward, {result['payload']}")
+    print(f"{'clients':>7} {'req/s':>8} {'texts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'req/call':>8} {'load 1m':>8}")
+    for lv in levels_out:
+        print(f"{lv['clients']:>7} {lv['requests_per_s']:>8.0f} {lv['texts_per_s']:>8.0f} "
+              f"{lv['latency_ms']['p50']:>8.2f} {lv['latency_ms']['p99']:>8.2f} "
+              f"{lv['requests_per_score_call'] or 0:>8.2f} {lv['load_avg_1m']['after']:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    if result["errors"]:
+    if any(lv["errors"] for lv in levels_out):
         return 2
-    return 0 if result["met"] else 1
+    return 0 if result.get("met", True) else 1
 
 
 if __name__ == "__main__":

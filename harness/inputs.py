@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import inspect
+import json
 from pathlib import Path
 
-from harness import HarnessError, reward, task
-from harness.io import atomic_path, record_hash, sha256_file, verify_hash, write_json
+from harness import HarnessError, task
+from harness.io import atomic_path, record_hash, sha256_tree, verify_hash, write_json
 from harness.policy import make_policy
+from harness.shared_reward import rule_identity
 
 DATASET = "dataset.jsonl"
 POLICY = "policy"
+# The shared reward: REWARD/reward.json says which, and for a reward model REWARD/model is the checkpoint
+# (trained here, or a link to `reward.path`).
+REWARD = "reward"
+REWARD_RECORD = "reward.json"
+REWARD_MODEL = "model"
 
 
 def build_dataset(config: dict, inputs_dir: str | Path) -> str:
@@ -36,9 +42,64 @@ def resolve_inputs(inputs_dir: str | Path) -> dict[str, dict]:
     inputs_dir = Path(inputs_dir)
     out = {name: {"path": str(inputs_dir / rel), "sha256": verify_hash(inputs_dir / rel)}
            for name, rel in (("dataset", DATASET), ("policy", POLICY))}
-    reward_src = inspect.getsourcefile(reward)
-    out["reward"] = {"path": f"{reward.__name__}.score", "sha256": sha256_file(reward_src)}
+    out["reward"] = resolve_reward(inputs_dir)
     return out
+
+
+def build_reward(config: dict, inputs_dir: str | Path) -> str:
+    """The shared reward input: a record of the rule, or a reward-model checkpoint (linked from `reward.path`,
+    checked against `reward.sha256` when given, or trained here from the task); its sha256 recorded."""
+    rc, inputs_dir = config["reward"], Path(inputs_dir)
+    dest = inputs_dir / REWARD
+    with atomic_path(dest) as tmp:
+        tmp.mkdir()
+        record: dict = {"kind": rc["kind"]}
+        if rc["kind"] == "model":
+            from harness import reward_model
+
+            model_dir = tmp / REWARD_MODEL
+            if rc["path"]:
+                source = Path(rc["path"])
+                record.update(origin=str(source.resolve()), **reward_model.check_checkpoint(source))
+                model_dir.symlink_to(source.resolve(), target_is_directory=True)
+            else:
+                verify_hash(inputs_dir / DATASET)
+                verify_hash(inputs_dir / POLICY)
+                record.update(reward_model.train_reward_model(
+                    task.read_dataset(inputs_dir / DATASET), inputs_dir / POLICY, rc["train"], model_dir,
+                    max_new_tokens=config["remax"]["max_response_length"]))
+                record.update(reward_model.check_checkpoint(model_dir))
+            record["sha256"] = sha256_tree(model_dir)
+            if rc["sha256"] and rc["sha256"] != record["sha256"]:
+                raise HarnessError(f"config: at reward.sha256: the reward model {rc['path']} has sha256 "
+                                   f"{record['sha256']}, not {rc['sha256']}: a different or changed checkpoint")
+        write_json(tmp / REWARD_RECORD, record)
+    return record_hash(dest)
+
+
+def resolve_reward(inputs_dir: Path) -> dict:
+    """{"kind", "path", "sha256"} of the shared reward: for a model, its checkpoint and the checkpoint's sha256."""
+    verify_hash(inputs_dir / REWARD)
+    record_path = inputs_dir / REWARD / REWARD_RECORD
+    try:
+        record = json.loads(record_path.read_text())
+        kind = record["kind"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise HarnessError(f"{record_path}: not a shared-reward record ({e})") from None
+    if kind == "rule":
+        identity = rule_identity()  # the rule's source as it is now: a run scores with the code it imports
+        return {"kind": "rule", "path": identity["reward"], "sha256": identity["sha256"]}
+    if kind == "model":
+        # The checkpoint is usually a link to a directory kept elsewhere, which the input's own hash does not
+        # follow: hash what it points to now against what was recorded when the input was built.
+        model = inputs_dir / REWARD / REWARD_MODEL
+        actual = sha256_tree(model)
+        if actual != record.get("sha256"):
+            raise HarnessError(f"reward model {model} (-> {model.resolve()}): sha256 {actual}, but {record_path} "
+                               f"records {record.get('sha256')}: the checkpoint changed after the input was built; "
+                               "rebuild it (`remax-bench inputs reward`) or restore the checkpoint")
+        return {"kind": "model", "path": str(model), "sha256": actual}
+    raise HarnessError(f"{record_path}: unknown reward kind {kind!r}")
 
 
 def link_policy(checkpoint: Path, dest: Path) -> str:

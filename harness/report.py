@@ -29,7 +29,7 @@ from harness import HarnessError  # noqa: E402
 from harness.config import validate_config  # noqa: E402
 from harness.io import atomic_path, write_text  # noqa: E402
 from harness.metrics import read_metrics  # noqa: E402
-from harness.summarize import by_framework, read_eval, summarize_run  # noqa: E402
+from harness.summarize import by_framework, edge_means, read_eval, summarize_run  # noqa: E402
 
 CLAIMS_PATH = Path(__file__).resolve().parents[1] / "workflows" / "report" / "claims.yaml"
 # Fraction of a run's steps averaged for its final reward (harness.summarize.edge_means) and for the
@@ -383,6 +383,57 @@ def reward_figure(runs: list[Run], order: list[str], colors: dict, target: float
     return _png(fig, dest)
 
 
+def truth_table(runs: list[Run]) -> pd.DataFrame:
+    """Per run with the task's exact-match accuracy logged: shared reward and accuracy, first and last 10% of
+    steps, and how the two move together (Pearson over steps). Empty when no run logged the accuracy."""
+    rows = []
+    for r in runs:
+        if r.status != "ok" or r.metrics["task_accuracy_mean"].isna().all():
+            continue
+        reward_first, reward_last = edge_means(r.metrics["reward_mean"])
+        acc_first, acc_last = edge_means(r.metrics["task_accuracy_mean"])
+        rows.append({"framework": r.framework, "seed": r.seed, "reward_first10": reward_first,
+                     "reward_last10": reward_last, "accuracy_first10": acc_first, "accuracy_last10": acc_last,
+                     "correlation": r.metrics["reward_mean"].corr(r.metrics["task_accuracy_mean"])})
+    return pd.DataFrame(rows)
+
+
+def truth_figure(runs: list[Run], colors: dict, dest: Path) -> bytes:
+    """Shared reward and the task's exact-match accuracy per step, one panel each, per run (trailing means)."""
+    fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.2))
+    for r in runs:
+        if r.status != "ok" or r.metrics["task_accuracy_mean"].isna().all():
+            continue
+        m, k = r.metrics.set_index("step"), _window(len(r.metrics))
+        for ax, column in ((ax_reward, "reward_mean"), (ax_acc, "task_accuracy_mean")):
+            ax.plot(m.index, _trailing(m[column], k, 1), color=colors[r.framework], alpha=0.8,
+                    label=f"{r.framework} seed {r.seed}")
+    ax_reward.set(xlabel="optimizer step", ylabel="shared reward of the samples", title="Reward the policy is trained on")
+    ax_acc.set(xlabel="optimizer step", ylabel="exact-match accuracy of the samples", ylim=(-0.02, 1.02),
+               title="The task's truth")
+    ax_reward.legend(fontsize=8, loc="best")
+    fig.suptitle("trailing mean over 10% of steps, one line per run", fontsize=10)
+    fig.tight_layout()
+    return _png(fig, dest)
+
+
+def truth_html(truth: pd.DataFrame, figure: bytes, reward_record: dict | None) -> str:
+    made = ""
+    if reward_record and reward_record.get("pair_accuracy_eval") is not None:
+        by = ", ".join(f"{k} {v:.3f}" for k, v in reward_record.get("pair_accuracy_eval_by_mistake", {}).items())
+        made = (f"<p>The reward model ranks the right answer above a wrong one in "
+                f"<b>{reward_record['pair_accuracy_eval']:.1%}</b> of {reward_record.get('eval_pairs')} held-out "
+                f"pairs (by kind of mistake: {_e(by)}).</p>")
+    rows = [[_e(r.framework), _e(r.seed), f"{_fmt(r.reward_first10, 3)} &rarr; {_fmt(r.reward_last10, 3)}",
+             f"{_fmt(r.accuracy_first10, 3)} &rarr; {_fmt(r.accuracy_last10, 3)}", _fmt(r.correlation, 2)]
+            for r in truth.itertuples()]
+    return ("<h3>Reward vs the task's truth</h3>" + made + _img(figure, "reward and task accuracy vs step")
+            + _table(["framework", "seed", "reward, first &rarr; last 10% of steps",
+                      "exact-match accuracy, first &rarr; last 10%", "correlation over steps"], rows)
+            + "<p class='muted'>A reward that rises while the accuracy does not is the reward model being "
+              "exploited (over-optimisation), not the task being learnt.</p>")
+
+
 # ---- fairness, conformance, claims -------------------------------------------------------------------------
 
 def _get(config: dict, dotted: str):
@@ -445,6 +496,47 @@ def fairness_table(config: dict, runs: list[Run]) -> pd.DataFrame:
     # object dtype: an integer setting stays an integer next to float ones
     return pd.DataFrame(rows, columns=["framework", "key", "shared", "effective", "framework_key", "state", "cause"],
                         dtype=object)
+
+
+REWARD_COLUMNS = ["framework", "kind", "sha256", "checkpoint", "scored_by", "seeds"]
+
+
+def reward_table(runs: list[Run]) -> pd.DataFrame:
+    """Which shared reward scored each framework, and how: one row per (framework, reward, path) over its seeds.
+
+    A real framework's plan.json says it ("reward": kind, checkpoint, sha256, scored_by); the embedded backend's
+    manifest.json records the reward input it scored with in its own process (inputs.reward).
+    """
+    rows: dict[tuple, dict] = {}
+    for r in runs:
+        if r.plan and isinstance(r.plan.get("reward"), dict):
+            rec = r.plan["reward"]
+            kind, sha, ckpt, by = rec.get("kind"), rec.get("sha256"), rec.get("checkpoint"), rec.get("scored_by")
+        elif r.manifest and isinstance((r.manifest.get("inputs") or {}).get("reward"), dict):
+            rec = r.manifest["inputs"]["reward"]
+            kind, sha, by = rec.get("kind"), rec.get("sha256"), "in-process"
+            ckpt = rec.get("path") if kind == "model" else None
+        else:
+            continue
+        row = rows.setdefault((r.framework, kind, sha, by), {"framework": r.framework, "kind": kind, "sha256": sha,
+                                                              "checkpoint": ckpt, "scored_by": by, "seeds": []})
+        row["seeds"].append(r.seed)
+    return pd.DataFrame(list(rows.values()), columns=REWARD_COLUMNS, dtype=object)
+
+
+def reward_html(table: pd.DataFrame) -> str:
+    if table.empty:
+        return "<p>No run records which reward scored it (no plan.json or manifest.json).</p>"
+    counts = table["sha256"].value_counts(dropna=False)
+    shas, common = set(counts.index), counts.index[0]
+    note = (f'<p><b class="failed">The frameworks were scored by {len(shas)} different rewards (sha256; rows '
+            "with a reward other than the most common one are highlighted): their rewards are not comparable.</b></p>"
+            if len(shas) > 1 else "<p>Every framework was scored by the same reward (one sha256).</p>")
+    return "<h3>Reward: which checkpoint scored each framework, and how</h3>" + note + _table(
+        ["framework", "kind", "sha256", "checkpoint", "scored by", "seeds"],
+        [[_e(r.framework), _e(r.kind), _short(r.sha256), _e(r.checkpoint or "n/a"), f"<b>{_e(r.scored_by)}</b>",
+          _e(", ".join(map(str, r.seeds)))] for r in table.itertuples()],
+        ["mismatch" if sha != common else "" for sha in table["sha256"]])
 
 
 CONFORMANCE_COLUMNS = ["framework", "case", "max_abs_diff", "verdict", "note"]
@@ -753,12 +845,17 @@ def render_html(*, config: dict, results: Path, runs: list[Run], table: pd.DataF
                      "time is the wall-clock sum of its step times up to that step (warm-up included); time and step "
                      "are the median over the seeds that reached it.</p>")
 
+    if "truth" in figures:
+        parts.append(truth_html(truth_table(runs), figures["truth"],
+                                _read_json(results / "inputs" / "reward" / "reward.json", problems)))
+
     parts.append("<h2>4. Fairness: effective hyperparameters and conformance</h2>")
     n_mismatch = int((fair["state"] == "mismatch").sum()) if not fair.empty else 0
     parts.append(f"<p>{n_mismatch} setting(s) differ from the shared spec (highlighted, with the cause). The "
                  "reference backend reads the shared config itself; real frameworks' values come from their "
                  "plans (<code>results/plans/&lt;fw&gt;/seed&lt;S&gt;/plan.json</code>).</p>")
     parts.append(fairness_html(fair, config["frameworks"]))
+    parts.append(reward_html(reward_table(runs)))
     parts.append("<h3>Advantage conformance against the reference</h3>")
     if conformance is None:
         parts.append("<p class='muted'>No conformance results (<code>results/conformance.csv</code> absent).</p>")
@@ -816,6 +913,8 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
         "reward_curve": reward_figure(runs, [f for f in config["frameworks"]], colors, target, ttr,
                                       out / "reward_curve.png"),
     }
+    if not truth_table(runs).empty:
+        figures["truth"] = truth_figure(runs, colors, out / "reward_vs_accuracy.png")
     write_text(out / "throughput.md", throughput_markdown(table) if not table.empty else "No completed run.\n")
     with atomic_path(out / "throughput.csv") as tmp:
         table.to_csv(tmp, index=False)

@@ -1,42 +1,69 @@
 """The one shared reward, served over HTTP with OpenRLHF's remote reward protocol, so every framework that takes a
-reward over HTTP is scored by the same code (harness.reward.score).
+reward over HTTP is scored by the same code (`harness.shared_reward.SharedReward`: the rule or a reward model).
 
 POST (any of REWARD_PATHS) `{"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [answer, ...]}`
 -> `{"rewards": [...], "scores": [...], "extra_logs": {"exact_match": [...]}}` (one entry per query; OpenRLHF's
 own `serve_rm` also answers per-query lists in extra_logs). The response is the query with its prompt removed, so a
-query that does not begin with its prompt is refused rather than scored wrongly. GET /health answers which reward
-is served (with the sha256 of its source). Bad requests get a 4xx with a JSON `{"error": ...}` naming what is wrong,
-and the server keeps serving. It listens on loopback unless told otherwise: it has no authentication.
+query that does not begin with its prompt is refused rather than scored wrongly. `exact_match` is the task's truth
+(harness.reward.correct) whatever the reward's kind, so a reward model's score can be read against true accuracy.
+GET /health answers which reward is served (kind, what, sha256) and what was served so far (requests, texts,
+score calls, failed calls, requests refused as overloaded, requests waiting now). Bad requests get a 4xx with a JSON
+`{"error": ...}` naming what is wrong, and the server keeps serving. It listens on loopback unless told otherwise:
+it has no authentication.
+
+Batching: OpenRLHF sends one request per sample, all of a rollout at once, so requests arrive together. One
+scoring thread takes everything queued when it becomes free (whole requests, up to `max_batch` texts; a larger
+request alone), scores it with ONE `shared_reward.score` call (one forward pass for a reward model of that batch
+size) and hands each request its slice. There is no wait window: a lone request is scored at once, and requests
+that arrive while a batch is scored form the next batch. The model is only ever used from that one thread.
+An exception while scoring answers 500 `{"error": ...}` to every request of that batch; the next batch is scored.
+
+Overload: at most `max_pending` requests wait for the scorer; one more is answered at once with 503
+`{"error": "overloaded: ..."}` and `Retry-After: 1`, so memory stays bounded. What the clients do with it:
+OpenRLHF 0.11.2's own client (openrlhf/utils/agent.py, SingleTurnAgentExecutor._fetch_rewards_via_http) calls
+`raise_for_status()` on any non-2xx answer and tries 5 times in all, sleeping 1 s between tries (it ignores
+Retry-After); after the 5th failure its caller logs "Failed to fetch reward from remote RM" and the sample is left
+without a reward. This project's ReMax agent (harness/frameworks/openrlhf_remax/remax_agent.py) also tries 5 times
+1 s apart on a 5xx, fails at once on a 4xx, and fails the rollout after the 5th try. So a 503 costs a client about
+a second, and `max_pending` must exceed the requests one rollout step sends at once (the default does).
 """
 
 from __future__ import annotations
 
-import inspect
+import collections
 import json
 import sys
+import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from harness import HarnessError, reward
-from harness.io import sha256_file
+from harness.shared_reward import SharedReward
 
 REWARD_PATHS = ("/", "/get_reward")
 HEALTH_PATH = "/health"
 FIELDS = ("query", "prompts", "labels")
 DEFAULT_MAX_BODY = 8 << 20  # a 1024-prompt batch of 2k-token texts is ~10 MB at most; larger is a client bug
+# One request per sample: a 1024-prompt rollout step of a sample and a greedy baseline each is ~2,000 at once.
+DEFAULT_MAX_PENDING = 4096
+DEFAULT_MAX_BATCH = 64  # texts per score call; the config's reward.batch_size default
+RETRY_AFTER_S = 1  # OpenRLHF's clients wait 1 s between tries whatever it says
 
 
 class RequestError(Exception):
+    """A request answered with `status` and `{"error": message}` (4xx: the request; 5xx: the server)."""
+
     def __init__(self, status: HTTPStatus, message: str):
         super().__init__(message)
         self.status = status
 
 
-def score_request(payload) -> dict:
-    """Validate one decoded request body and score it; RequestError (4xx) names what is wrong."""
+def parse_request(payload) -> tuple[list[str], list[str], list[str]]:
+    """(prompts, responses, labels) of one decoded request body; RequestError (4xx) names what is wrong."""
     if not isinstance(payload, dict):
         raise RequestError(HTTPStatus.BAD_REQUEST, f"expected a JSON object with {', '.join(FIELDS)}, "
                                                    f"got {type(payload).__name__}")
@@ -51,19 +78,120 @@ def score_request(payload) -> dict:
     if len(set(lengths.values())) != 1:
         raise RequestError(HTTPStatus.BAD_REQUEST, "query, prompts and labels must have the same length, got "
                                                    + ", ".join(f"{f}={n}" for f, n in lengths.items()))
-    rewards, exact = [], []
-    for i, (query, prompt, label) in enumerate(zip(payload["query"], payload["prompts"], payload["labels"])):
+    responses = []
+    for i, (query, prompt) in enumerate(zip(payload["query"], payload["prompts"])):
         if not query.startswith(prompt):
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY,
                                f"query[{i}] does not begin with prompts[{i}]; the response is the query after its prompt")
-        response = query[len(prompt):]
-        rewards.append(reward.score(prompt, response, label))
-        exact.append(float(reward.correct(response, label)))
-    return {"rewards": rewards, "scores": rewards, "extra_logs": {"exact_match": exact}}
+        responses.append(query[len(prompt):])
+    return payload["prompts"], responses, payload["labels"]
 
 
-def reward_identity() -> dict:
-    return {"reward": f"{reward.__name__}.score", "sha256": sha256_file(inspect.getsourcefile(reward))}
+class _Job:
+    __slots__ = ("prompts", "responses", "labels", "done", "rewards", "error")
+
+    def __init__(self, prompts, responses, labels):
+        self.prompts, self.responses, self.labels = prompts, responses, labels
+        self.done = threading.Event()
+        self.rewards: list[float] | None = None
+        self.error: RequestError | None = None
+
+    def finish(self, rewards=None, error: RequestError | None = None) -> None:
+        self.rewards, self.error = rewards, error
+        self.done.set()
+
+
+class Batcher:
+    """Continuous batching in front of one `SharedReward`: a bounded queue of requests and one scoring thread."""
+
+    def __init__(self, shared_reward: SharedReward, max_pending: int, max_batch: int):
+        for name, value in (("max_pending (--max-pending)", max_pending), ("max_batch (--batch-size)", max_batch)):
+            if value < 1:
+                raise HarnessError(f"reward server: {name} must be at least 1, got {value}")
+        self.shared_reward, self.max_pending, self.max_batch = shared_reward, max_pending, max_batch
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        # What was served, for /health: shows how many requests each score call took on average.
+        self._served = {"requests": 0, "texts": 0, "score_calls": 0, "failed_calls": 0, "overloaded": 0}
+        self._thread = threading.Thread(target=self._run, name="reward-scorer", daemon=True)
+        self._thread.start()
+
+    def score(self, prompts: list[str], responses: list[str], labels: list[str]) -> list[float]:
+        """The rewards of one request, scored in whatever batch it joins; RequestError 503 when the queue is full
+        (at once, without waiting), 500 when scoring its batch failed."""
+        job = _Job(prompts, responses, labels)
+        with self._cond:
+            if self._closed:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the reward server is shutting down")
+            if len(self._queue) >= self.max_pending:
+                self._served["overloaded"] += 1
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"overloaded: {len(self._queue)} requests already wait to be scored (the limit, "
+                                   f"--max-pending {self.max_pending}); retry in {RETRY_AFTER_S} s")
+            self._queue.append(job)
+            self._cond.notify()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.rewards
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {**self._served, "waiting": len(self._queue)}
+
+    def close(self) -> None:
+        """Stop after the batch being scored; requests still queued are answered 503."""
+        with self._cond:
+            self._closed = True
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify()
+        for job in left:
+            job.finish(error=RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the reward server is shutting down"))
+        self._thread.join(timeout=60)
+
+    def _take(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            batch = [self._queue.popleft()]
+            n = len(batch[0].prompts)
+            while self._queue and n + len(self._queue[0].prompts) <= self.max_batch:
+                job = self._queue.popleft()
+                batch.append(job)
+                n += len(job.prompts)
+            self._served["requests"] += len(batch)
+            self._served["texts"] += n
+            self._served["score_calls"] += n > 0
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take()) is not None:
+            prompts = [p for job in batch for p in job.prompts]
+            responses = [r for job in batch for r in job.responses]
+            labels = [a for job in batch for a in job.labels]
+            try:
+                rewards = [float(x) for x in self.shared_reward.score(prompts, responses, labels)] if prompts else []
+                if len(rewards) != len(prompts):
+                    raise ValueError(f"the shared reward returned {len(rewards)} scores for {len(prompts)} texts")
+            except Exception as e:  # noqa: BLE001 - every request of the batch must be answered, and serving go on
+                sys.stderr.write(f"reward server: scoring a batch of {len(prompts)} texts failed:\n"
+                                 + traceback.format_exc())
+                with self._cond:
+                    self._served["failed_calls"] += 1
+                error = RequestError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                     f"scoring failed ({self.shared_reward.identity['reward']}): "
+                                     f"{type(e).__name__}: {e}")
+                for job in batch:
+                    job.finish(error=error)
+                continue
+            start = 0
+            for job in batch:
+                job.finish(rewards[start:start + len(job.prompts)])
+                start += len(job.prompts)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -79,6 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if status == HTTPStatus.SERVICE_UNAVAILABLE:
+            self.send_header("Retry-After", str(RETRY_AFTER_S))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
@@ -90,7 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path != HEALTH_PATH:
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r} (GET {HEALTH_PATH})")
-        self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity})
+        self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity, "served": self.server.batcher.stats()})
 
     def do_POST(self):
         if self.path not in REWARD_PATHS:
@@ -112,10 +242,12 @@ class _Handler(BaseHTTPRequestHandler):
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return self._error(HTTPStatus.BAD_REQUEST, f"body is not valid JSON: {e}")
         try:
-            result = score_request(payload)
+            prompts, responses, labels = parse_request(payload)
+            rewards = self.server.batcher.score(prompts, responses, labels)
         except RequestError as e:
             return self._error(e.status, str(e))
-        self._send(HTTPStatus.OK, result)
+        exact = [float(reward.correct(r, a)) for r, a in zip(responses, labels)]
+        self._send(HTTPStatus.OK, {"rewards": rewards, "scores": rewards, "extra_logs": {"exact_match": exact}})
 
     def log_message(self, format, *args):  # one line per request would cost more than scoring it
         pass
@@ -128,10 +260,20 @@ class RewardServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # every rollout request opens its own connection (OpenRLHF's client does)
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_body: int = DEFAULT_MAX_BODY):
-        super().__init__((host, port), _Handler)
+    def __init__(self, host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
+                 max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH):
+        self.batcher = Batcher(shared_reward, max_pending, max_batch)
+        try:
+            super().__init__((host, port), _Handler)
+        except BaseException:
+            self.batcher.close()
+            raise
         self.max_body = max_body
-        self.identity = reward_identity()
+        self.identity = shared_reward.identity
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.batcher.close()
 
     @property
     def url(self) -> str:
@@ -139,13 +281,17 @@ class RewardServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
 
-def serve(host: str, port: int, max_body: int = DEFAULT_MAX_BODY) -> None:
+def serve(host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
+          max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH) -> None:
     try:
-        server = RewardServer(host, port, max_body)
+        server = RewardServer(host, port, shared_reward, max_body=max_body, max_pending=max_pending,
+                              max_batch=max_batch)
     except OSError as e:
         raise HarnessError(f"reward server: cannot listen on {host}:{port} ({e.strerror or e})") from None
-    print(f"reward server: serving {server.identity['reward']} at {server.url} "
-          f"(POST {' or '.join(REWARD_PATHS)}, GET {HEALTH_PATH})", flush=True)
+    identity = server.identity
+    print(f"reward server: serving {identity['reward']} at {server.url} "
+          f"(POST {' or '.join(REWARD_PATHS)}, GET {HEALTH_PATH}; {identity['kind']} reward, sha256 "
+          f"{identity['sha256']}; up to {max_batch} texts per score call, {max_pending} requests waiting)", flush=True)
     with server:
         try:
             server.serve_forever()

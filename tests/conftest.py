@@ -40,7 +40,7 @@ def a100x8(tmp_path_factory):
     import yaml
 
     from harness.config import load_config
-    from harness.inputs import build_dataset, build_policy
+    from harness.inputs import build_dataset, build_policy, build_reward
 
     root = tmp_path_factory.mktemp("a100x8")
     (root / "ckpt").mkdir()
@@ -53,4 +53,5 @@ def a100x8(tmp_path_factory):
     config = load_config(config_path)
     build_dataset(config, root / "inputs")
     build_policy(config, root / "inputs")
+    build_reward(config, root / "inputs")
     return {"root": root, "config_path": config_path, "config": config, "inputs": root / "inputs"}

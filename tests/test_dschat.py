@@ -23,9 +23,11 @@ from conftest import REPO, run_cli
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import dschat, get_adapter
+from harness.inputs import resolve_reward
 from harness.io import write_json, write_text
 from harness.policy import train_tokenizer
 from harness.task import generate, to_jsonl
+from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 FIXTURES = REPO / "tests" / "fixtures" / "dschat"
 CHECKOUT = os.environ.get(dschat.CHECKOUT_ENV)
@@ -51,7 +53,7 @@ def inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("inputs")
     cfg = d / "config.yaml"
     write_text(cfg, yaml.safe_dump(validate_config(small_a100x8())))
-    for what in ("dataset", "policy"):
+    for what in ("dataset", "policy", "reward"):
         proc = run_cli("inputs", what, "--config", cfg, "--inputs", d / "inputs")
         assert proc.returncode == 0, proc.stderr
     return d / "inputs"
@@ -109,6 +111,51 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     assert "remax.temperature" not in devs  # the shared 1.0 is DeepSpeed-Chat's hard-coded value
     assert devs["reward.clip"]["effective"] == [-5.0, 5.0] and "KL" in devs["remax.kl_coef"]["cause"]
     assert subprocess.run(["bash", "-n", d / "launch.sh"]).returncode == 0
+    # The rule scores inside the launcher, as before: no server, the deepspeed launcher replaces the shell.
+    assert p["reward"] == {"kind": "rule", "checkpoint": None, "sha256": p["inputs"]["reward"]["sha256"],
+                           "scored_by": "in-process"}
+    assert "--reward-url" not in argv and "serve-reward" not in (d / "launch.sh").read_text()
+
+
+def test_plan_with_a_reward_url_records_the_rule_as_served(tmp_path, inputs):
+    config = small_a100x8()
+    config["dschat"] = {"reward_url": "http://127.0.0.1:18643"}
+    assert plan_with(tmp_path, inputs, config).returncode == 0
+    p = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert flag(p["argv"], "--reward-url") == "http://127.0.0.1:18643" and p["reward"]["scored_by"] == "served"
+    assert "serve-reward" not in (tmp_path / "plan" / "launch.sh").read_text()  # that server is the user's
+
+
+@pytest.fixture(scope="module")
+def model_inputs(tmp_path_factory):
+    return model_reward_inputs(tmp_path_factory.mktemp("dschat-model"))
+
+
+@pytest.mark.parametrize("reward_url, served_at", [(None, "--host 127.0.0.1"),
+                                                   ("http://localhost:18643", "--host localhost")])
+def test_plan_with_a_reward_model_serves_it_to_the_launcher(tmp_path, model_inputs, reward_url, served_at):
+    config = json.loads(json.dumps(model_inputs["config"]))
+    config["dschat"]["reward_url"] = reward_url
+    dschat.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+    p = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    shared = resolve_reward(model_inputs["inputs"])
+    assert p["reward"] == {"kind": "model", "checkpoint": shared["path"], "sha256": shared["sha256"],
+                           "scored_by": "served"}
+    assert flag(p["argv"], "--reward-url") == "$REWARD_URL" and "$REWARD_URL" in p["argv_note"]
+    assert "--reward-url" not in dschat.main_args(p["argv"])  # the launcher's option, not main.py's
+    script = (tmp_path / "plan" / "launch.sh").read_text()
+    assert subprocess.run(["bash", "-n", tmp_path / "plan" / "launch.sh"]).returncode == 0
+    assert f"serve-reward {served_at} --inputs {model_inputs['inputs']} --device cpu --batch-size 8" in script
+    assert ("REWARD_PORT=18643" in script) == bool(reward_url)
+    assert '--reward-url "$REWARD_URL"' in script and "exec " not in script  # the EXIT trap stops the server
+
+
+def test_plan_refuses_a_reward_url_without_a_port_for_a_reward_model(tmp_path, model_inputs):
+    config = json.loads(json.dumps(model_inputs["config"]))
+    config["dschat"]["reward_url"] = "http://localhost"
+    with pytest.raises(HarnessError, match="at dschat.reward_url: 'http://localhost' names no host and port"):
+        dschat.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+    assert not (tmp_path / "plan").exists()
 
 
 def test_launcher_passes_everything_but_its_own_options_to_main_py():
@@ -436,10 +483,33 @@ deepspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), confi
     assert "DeepSpeedGPTInference" in proc.stderr and "This op had not been implemented on CPU backend" in proc.stderr
 
 
+def test_reward_model_served_to_deepspeed_chats_reward_calls(ds_python, engine_run, tmp_path, task_files,
+                                                             model_inputs):
+    """The launcher's SharedReward, in the dschat environment under real DeepSpeed, scores the engine's sampled and
+    greedy responses through a server on the shared reward model: the model's own scores of those texts."""
+    from transformers import AutoTokenizer
+
+    with reward_server(model_inputs["inputs"]) as url:
+        report, served = drive(ds_python, tmp_path, task_files, "engine", reward_url=url)
+    tok = AutoTokenizer.from_pretrained(task_files / "tokenizer")
+    for line, step in zip(served, report["steps"]):
+        width = len(step["prompt"][0])
+        prompts = [tok.decode(p, skip_special_tokens=True) for p in step["prompt"]]
+        for key, seqs in (("reward_mean", step["sampled"]), ("reward_baseline_mean", step["greedy"])):
+            texts = [tok.decode(s[width:width + _length(s[width:], tok.eos_token_id)], skip_special_tokens=True)
+                     for s in seqs]
+            expected = direct_scores(model_inputs["inputs"], prompts, texts)
+            assert line[key] == pytest.approx(sum(expected) / len(expected), rel=1e-5, abs=1e-6), key
+    # Same seed, same responses as the rule run: only the scores differ.
+    assert [line["tokens_response"] for line in served] == [line["tokens_response"] for line in engine_run[2]]
+    assert [line["reward_mean"] for line in served] != [line["reward_mean"] for line in engine_run[2]]
+
+
 def test_shared_reward_through_the_reward_server(ds_python, engine_run, tmp_path, task_files):
     from harness.reward_server import RewardServer
+    from harness.shared_reward import load_shared_reward
 
-    server = RewardServer("127.0.0.1", 0)
+    server = RewardServer("127.0.0.1", 0, load_shared_reward({"kind": "rule"}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         _, served = drive(ds_python, tmp_path, task_files, "engine", reward_url=server.url)

@@ -21,9 +21,12 @@ from harness.summarize import summarize
 
 def make_results(results: Path, *, throughput: float | dict = 1000.0, transition_s: float = 0.001,
                  seeds=(1, 2, 3), created: str = "2026-01-01T00:00:00+00:00", config: dict | None = None,
-                 noise: float = 0.0, rng=None, steps: int = 20, learning_rate: float = 0.05) -> Path:
+                 noise: float = 0.0, rng=None, steps: int = 20, learning_rate: float = 0.05,
+                 contention: float | None = None, foreign_load: float = 0.0) -> Path:
     """A results directory as the pipeline leaves it (summary.csv, runs/*/manifest.json, metrics/*.parquet),
-    written by the harness's own code from per-step records with the given speed; only the numbers are chosen."""
+    written by the harness's own code from per-step records with the given speed; only the numbers are chosen.
+    With `contention` (wall / CPU time) the steps also carry CPU time and the machine's busy time, as the CPU
+    backend records them, with `foreign_load` cores of other work beside the run."""
     rng = rng or np.random.default_rng(0)
     config = config or load_config(REPO / "workflows" / "config" / "cpu.yaml")
     config = validate_config({**config, "remax": {**config["remax"], "steps": steps, "warmup_steps": 2}})
@@ -38,6 +41,10 @@ def make_results(results: Path, *, throughput: float | dict = 1000.0, transition
                  "tokens_baseline": 20.0, "reward_mean": min(1.0, 0.2 + learning_rate * step),
                  "reward_baseline_mean": 0.2, "kl_mean": 0.0, "response_length_mean": 5.0}
                 for step in range(1, steps + 1)]
+        if contention is not None:
+            for r in rows:
+                r["time_step_cpu_s"] = r["time_step_s"] / contention
+                r["time_machine_busy_s"] = r["time_step_cpu_s"] + foreign_load * r["time_step_s"]
         path = results / "metrics" / "reference" / f"seed{seed}.parquet"
         write_metrics(to_frame(rows, "synthetic"), path)
         files.append(path)

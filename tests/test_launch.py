@@ -1,7 +1,6 @@
 """Launching a planned run: real subprocesses, exit codes, timeouts that kill the whole process tree."""
 
 import json
-import os
 import time
 
 import pytest

@@ -21,7 +21,10 @@ from harness import HarnessError, envs, reward, task
 from harness.conformance import CASES, reference_advantages
 from harness.frameworks import get_adapter
 from harness.frameworks import openrlhf as orl
+from harness.inputs import resolve_reward
 from harness.reward_server import RewardServer
+from harness.shared_reward import load_shared_reward
+from reward_inputs import direct_scores, model_reward_inputs
 
 FIXTURES = REPO / "tests" / "fixtures" / "openrlhf"
 RUN = FIXTURES / "run"
@@ -125,7 +128,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert (plan["framework"], plan["framework_version"], plan["env"], plan["seed"], plan["n_gpus"]) == \
         ("openrlhf", "0.11.2", "openrlhf", 3, 8)
     argv = plan["argv"]
-    assert argv[:3] == ["python3", "-m", "openrlhf.cli.train_ppo_ray"]
+    assert argv[:3] == [str(envs.ENV_ROOT / "openrlhf" / "bin" / "python3"), "-m", "openrlhf.cli.train_ppo_ray"]
     assert flag(argv, "--algo.advantage.estimator") == "remax"
     assert {"--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"} <= set(argv)
     assert [flag(argv, f) for f in ("--vllm.num_engines", "--actor.num_gpus_per_node", "--ref.num_gpus_per_node")] \
@@ -221,6 +224,76 @@ def test_launch_serves_the_reward_for_the_job_and_stops_it(a100x8, tmp_path, mon
     assert "serving harness.reward.score" in (run_dir / "reward_server.log").read_text()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _stand_in_env(tmp_path, monkeypatch):
+    """A stand-in for the GPU environment's python: the patch is a no-op, the OpenRLHF job is STAND_IN_JOB."""
+    env_bin = tmp_path / "envs" / "openrlhf" / "bin"
+    env_bin.mkdir(parents=True)
+    (tmp_path / "job.py").write_text(STAND_IN_JOB)
+    (env_bin / "python3").write_text(f'#!/usr/bin/env bash\ncase "$1" in\n  *remax_patch.py) exit 0 ;;\n'
+                                     f'  -m) [ "$2" = openrlhf.cli.train_ppo_ray ] || exit 9; shift 2\n'
+                                     f'      exec {shlex.quote(sys.executable)} {tmp_path / "job.py"} "$@" ;;\n'
+                                     f'esac\nexit 9\n')
+    (env_bin / "python3").chmod(0o755)
+    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "envs")
+
+
+def test_plan_records_the_rule_reward_as_served(planned):
+    plan = json.loads((planned / "plan.json").read_text())
+    assert plan["reward"] == {"kind": "rule", "checkpoint": None, "sha256": plan["inputs"]["reward"]["sha256"],
+                              "scored_by": "served"}
+    assert "--inputs" not in (planned / "launch.sh").read_text()  # the rule server, as before
+
+
+@pytest.fixture(scope="module")
+def model_inputs(tmp_path_factory):
+    return model_reward_inputs(tmp_path_factory.mktemp("openrlhf-model"))
+
+
+def test_launch_serves_the_reward_model_for_the_job(model_inputs, tmp_path, monkeypatch):
+    """With reward.kind model, launch.sh serves the shared checkpoint (serve-reward --inputs), checks that the
+    server answering is the one it started and that it serves the planned sha256, and the job's reward request is
+    answered with the reward model's score."""
+    _stand_in_env(tmp_path, monkeypatch)
+    config = json.loads(json.dumps(model_inputs["config"]))
+    port = _free_port()
+    config["openrlhf"]["reward_port"] = port
+    orl.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    shared = resolve_reward(model_inputs["inputs"])
+    assert plan["reward"] == {"kind": "model", "checkpoint": shared["path"], "sha256": shared["sha256"],
+                              "scored_by": "served"}
+    script = (tmp_path / "plan" / "launch.sh").read_text()
+    assert f"--inputs {model_inputs['inputs']} --device cpu --batch-size 8 --max-length 1024" in script
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(run_dir)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    answer = json.loads((run_dir / "openrlhf.log").read_text().split("reward answer ")[1].split(" in ")[0])
+    assert answer == pytest.approx(direct_scores(model_inputs["inputs"], ["12+34="], ["46"]), rel=1e-5, abs=1e-6)
+    assert answer != [1.0]  # the model scored, not the rule
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_launch_refuses_a_server_that_is_not_its_own(a100x8, tmp_path, monkeypatch):
+    """A reward server already on the planned port (another run's): launch.sh's server cannot listen, and the job
+    does not run against the stranger."""
+    _stand_in_env(tmp_path, monkeypatch)
+    stranger = RewardServer("127.0.0.1", 0, load_shared_reward({"kind": "rule"}))
+    threading.Thread(target=stranger.serve_forever, daemon=True).start()
+    try:
+        config = json.loads(json.dumps(a100x8["config"]))
+        config["openrlhf"]["reward_port"] = stranger.server_address[1]
+        orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+        proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        stranger.shutdown()
+        stranger.server_close()
+    assert proc.returncode == 2 and "a reward server already answers at" in proc.stderr
+    assert not (tmp_path / "run" / "openrlhf.log").exists()  # the job never started
 
 
 def test_launch_without_the_environment_says_how_to_build_it(a100x8, tmp_path, monkeypatch):
@@ -334,7 +407,7 @@ def test_remax_estimator_matches_the_reference_in_a_ray_worker(openrlhf_python, 
 
 @pytest.fixture
 def reward_server():
-    srv = RewardServer("127.0.0.1", 0)
+    srv = RewardServer("127.0.0.1", 0, load_shared_reward({"kind": "rule"}))
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv
     srv.shutdown()

@@ -17,12 +17,12 @@ from test_history import make_results
 THROUGHPUT = METRICS[0]
 
 
-def nights(results, n, *, throughput=1000.0, noise=0.01, start=1, config=None, seed=0):
+def nights(results, n, *, throughput=1000.0, noise=0.01, start=1, config=None, seed=0, **run):
     """n nightly pipeline runs into one results directory, each appended to its history."""
     rng = np.random.default_rng(seed)
     for day in range(start, start + n):
         make_results(results, throughput=throughput, noise=noise, rng=rng, config=config,
-                     created=f"2026-01-{day:02d}T00:00:00+00:00")
+                     created=f"2026-01-{day:02d}T00:00:00+00:00", **run)
         append(results)
     return results
 
@@ -202,3 +202,39 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     md = (work / "results" / "alerts.md").read_text()
     assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
     assert len(list((work / "results" / HISTORY_DIR).glob("*.jsonl"))) == 2  # appended once, not again
+
+
+def test_a_run_that_waited_for_the_cpu_is_not_judged_and_a_quiet_slowdown_alerts_on_cpu_time_too(tmp_path):
+    results = nights(tmp_path / "results", 10, contention=1.0)
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline).returncode == 0
+
+    # Another job held the core: wall-clock throughput fell 40%, the run's own CPU time per token 4%.
+    make_results(results, throughput=600.0, contention=1.6, noise=0.01, rng=np.random.default_rng(5),
+                 created="2026-01-11T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert alerts["status"] == "contended" and alerts["alerts"] == []
+    timed = {c["metric"]: c for c in alerts["checks"] if c["metric"] != "reward_last10"}
+    assert all(c["status"] == "contended" and "wall/CPU time 1.60x" in c["reason"] for c in timed.values())
+    assert (results / "alerts.md").read_text().startswith("# Regression check: NOT JUDGED: the run waited")
+    append(results)
+
+    # Its own core, but other work beside it on the machine's other cores.
+    make_results(results, throughput=900.0, contention=1.0, foreign_load=0.8, noise=0.01,
+                 rng=np.random.default_rng(6), created="2026-01-12T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert proc.returncode == 0 and alerts["status"] == "contended"
+    assert "0.80 cores busy" in next(c for c in alerts["checks"] if c["metric"] == "throughput_tok_s")["reason"]
+    append(results)
+
+    # A quiet night 10% slower: both throughput figures alert; the contended nights did not widen the noise.
+    make_results(results, throughput=900.0, contention=1.0, noise=0.01, rng=np.random.default_rng(7),
+                 created="2026-01-13T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert {a["metric"] for a in alerts["alerts"]} == {"throughput_tok_s", "throughput_tok_cpu_s"}
+    assert all(a["evidence"]["n_history_runs"] == 10 for a in alerts["alerts"])

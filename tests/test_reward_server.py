@@ -1,36 +1,57 @@
-"""The shared reward server: real HTTP on loopback, OpenRLHF's remote reward protocol, bad requests answered 4xx."""
+"""The shared reward server: real HTTP on loopback, OpenRLHF's remote reward protocol, bad requests answered 4xx,
+concurrent requests batched into one score call, a bounded queue, a tiny real reward model served."""
 
+import contextlib
 import http.client
 import json
 import socket
 import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import BIN, REPO, run_cli
-from harness import HarnessError, reward
-from harness.io import sha256_file
+from harness import HarnessError, cli, reward
+from harness.inputs import build_reward, resolve_reward
+from harness.io import record_hash, sha256_file, sha256_tree, write_json
+from harness.reward_model import RewardModel
 from harness.reward_server import RewardServer, wait_healthy
+from harness.shared_reward import SharedReward, load_shared_reward, rule_identity
+
+sys.path.append(str(REPO / "benchmarks"))
+from reward_server import tiny_reward_model  # noqa: E402  (the benchmark's stand-in checkpoint)
+
+RULE = load_shared_reward({"kind": "rule"})
+
+
+@contextlib.contextmanager
+def serving(shared_reward=RULE, **limits):
+    srv = RewardServer("127.0.0.1", 0, shared_reward, **limits)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.fixture
 def server():
-    srv = RewardServer("127.0.0.1", 0, max_body=4096)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serving(max_body=4096) as srv:
+        yield srv
 
 
-def post(srv, body, path="/get_reward", conn=None, headers=None):
+def post(srv, body, path="/get_reward", conn=None, headers=None, full=False):
     conn = conn or http.client.HTTPConnection(*srv.server_address[:2], timeout=10)
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     conn.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
     resp = conn.getresponse()
-    return resp.status, json.loads(resp.read())
+    answer = json.loads(resp.read())
+    return (resp.status, answer, resp) if full else (resp.status, answer)
 
 
 def good(prompts=("12+34=", "7>"), responses=("46", "x7"), labels=("46", "7")):
@@ -49,8 +70,11 @@ def test_scores_with_the_shared_reward(server):
 
 def test_health_names_the_reward_and_its_hash(server):
     answer = wait_healthy(server.url, 5)
-    assert answer["status"] == "ok" and answer["reward"] == "harness.reward.score"
+    assert answer["status"] == "ok" and answer["reward"] == "harness.reward.score" and answer["kind"] == "rule"
     assert answer["sha256"] == sha256_file(REPO / "harness" / "reward.py")
+    post(server, good())
+    assert wait_healthy(server.url, 5)["served"] == {"requests": 1, "texts": 2, "score_calls": 1, "failed_calls": 0,
+                                                     "overloaded": 0, "waiting": 0}
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -138,3 +162,207 @@ def test_port_in_use_is_a_clear_error():
         port = s.getsockname()[1]
         proc = run_cli("serve-reward", "--port", port)
     assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+# --- batching, the bounded queue, scoring errors: a real scorer behind the real server ---
+
+class Recorder:
+    """A real batched scorer: the reward is the response read as a number (so a request handed another request's
+    slice shows), each call's size is recorded, and a call takes `delay` seconds, like a forward pass. With a
+    `gate`, every call waits for it to open (the test then knows what is queued)."""
+
+    def __init__(self, delay=0.0, gate=False, fail_on=None):
+        self.delay, self.fail_on = delay, fail_on
+        self.gate = threading.Event() if gate else None
+        self.entered = threading.Event()
+        self.calls = []
+
+    def __call__(self, prompts, responses, answers):
+        self.calls.append(len(prompts))
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(20), "the test never opened the gate"
+        time.sleep(self.delay)
+        if self.fail_on in responses:
+            raise RuntimeError(f"cannot score {self.fail_on!r}")
+        return [float(r) for r in responses]
+
+
+def shared(scorer):
+    return SharedReward({"kind": "test", "reward": "tests.Recorder", "sha256": "0" * 64}, scorer)
+
+
+def numbered(*values):
+    """One request whose rewards (under Recorder) are `values`."""
+    return good([f"{v}+0=" for v in values], [str(v) for v in values], [str(v) for v in values])
+
+
+def waiting_reaches(srv, n, timeout_s=20):
+    deadline = time.monotonic() + timeout_s
+    while wait_healthy(srv.url, 5)["served"]["waiting"] != n:
+        assert time.monotonic() < deadline, f"{n} requests never queued"
+        time.sleep(0.01)
+
+
+def test_concurrent_requests_are_scored_in_fewer_calls():
+    n = 24
+    scorer = Recorder(delay=0.05)
+    with serving(shared(scorer)) as srv:
+        barrier = threading.Barrier(n)
+
+        def one(i):
+            conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=20)
+            conn.connect()
+            barrier.wait()  # all requests leave together, as a rollout's do
+            return post(srv, numbered(2 * i, 2 * i + 1), conn=conn)
+
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(one, range(n)))
+        served = wait_healthy(srv.url, 5)["served"]
+    assert results == [(200, {"rewards": [2.0 * i, 2.0 * i + 1], "scores": [2.0 * i, 2.0 * i + 1],
+                                           "extra_logs": {"exact_match": [1.0, 1.0]}}) for i in range(n)]
+    assert sum(scorer.calls) == 2 * n and len(scorer.calls) < n, scorer.calls
+    assert served["score_calls"] == len(scorer.calls) and served["requests"] == n
+
+
+def test_queued_requests_form_one_batch_of_at_most_max_batch_texts():
+    scorer = Recorder(gate=True)
+    with serving(shared(scorer), max_batch=5) as srv, ThreadPoolExecutor(8) as pool:
+        first = pool.submit(post, srv, numbered(0))
+        assert scorer.entered.wait(20)
+        # Queued while the scorer is busy, in this order: 2, 2, 1 texts fit in 5; then 6 texts (over max_batch)
+        # go alone; then 3.
+        rest = []
+        for values in ((1, 2), (3, 4), (5,), (6, 7, 8, 9, 10, 11), (12, 13, 14)):
+            rest.append(pool.submit(post, srv, numbered(*values)))
+            waiting_reaches(srv, len(rest))
+        scorer.gate.set()
+        answers = [f.result() for f in [first, *rest]]
+    assert [(status, body["rewards"]) for status, body in answers] == [
+        (200, [0.0]), (200, [1.0, 2.0]), (200, [3.0, 4.0]), (200, [5.0]), (200, [6.0, 7.0, 8.0, 9.0, 10.0, 11.0]),
+        (200, [12.0, 13.0, 14.0])]
+    assert scorer.calls == [1, 5, 6, 3]
+
+
+def test_overload_answers_503_at_once_and_the_server_keeps_serving():
+    scorer = Recorder(gate=True)
+    with serving(shared(scorer), max_pending=2) as srv, ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(post, srv, numbered(1))
+        assert scorer.entered.wait(20)
+        queued = [pool.submit(post, srv, numbered(v)) for v in (2, 3)]
+        waiting_reaches(srv, 2)
+        # The gate is still shut: a request that waited for the scorer would time out here instead of answering.
+        status, body, resp = post(srv, numbered(4), full=True)
+        assert status == 503 and resp.getheader("Retry-After") == "1"
+        assert body["error"].startswith("overloaded: 2 requests already wait to be scored (the limit, "
+                                        "--max-pending 2)"), body
+        scorer.gate.set()
+        assert [f.result()[1]["rewards"] for f in (busy, *queued)] == [[1.0], [2.0], [3.0]]
+        assert post(srv, numbered(5)) == (200, {"rewards": [5.0], "scores": [5.0],
+                                                "extra_logs": {"exact_match": [1.0]}})
+        served = wait_healthy(srv.url, 5)["served"]
+    assert served["overloaded"] == 1 and served["requests"] == 4 and served["waiting"] == 0
+
+
+def test_a_scoring_error_answers_500_to_its_whole_batch_and_the_next_request_works():
+    scorer = Recorder(gate=True, fail_on="13")
+    with serving(shared(scorer)) as srv, ThreadPoolExecutor(3) as pool:
+        first = pool.submit(post, srv, numbered(1))
+        assert scorer.entered.wait(20)
+        bad = pool.submit(post, srv, numbered(13))
+        waiting_reaches(srv, 1)
+        batch_mate = pool.submit(post, srv, numbered(2))
+        waiting_reaches(srv, 2)
+        scorer.gate.set()
+        assert first.result()[0] == 200
+        for answer in (bad.result(), batch_mate.result()):
+            assert answer == (500, {"error": "scoring failed (tests.Recorder): RuntimeError: cannot score '13'"})
+        assert post(srv, numbered(3))[1]["rewards"] == [3.0]
+        assert wait_healthy(srv.url, 5)["served"]["failed_calls"] == 1
+    assert scorer.calls == [1, 2, 1]
+
+
+def test_a_scorer_answering_the_wrong_count_is_a_500():
+    with serving(shared(lambda prompts, responses, answers: [0.0])) as srv:
+        assert post(srv, numbered(1, 2)) == (500, {"error": "scoring failed (tests.Recorder): ValueError: the shared "
+                                                            "reward returned 1 scores for 2 texts"})
+        assert post(srv, numbered(1))[0] == 200
+
+
+# --- a real (tiny) reward model ---
+
+@pytest.fixture(scope="module")
+def tiny_rm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reward-model")
+    checkpoint = tiny_reward_model(root / "checkpoint", hidden_size=16, intermediate_size=32, num_layers=1,
+                                   num_heads=2)
+    build_reward({"reward": {"kind": "model", "path": str(checkpoint), "sha256": None}}, root / "inputs")
+    return {"checkpoint": checkpoint, "inputs": root / "inputs"}
+
+
+RM_PROMPTS, RM_RESPONSES = ("12+34=", "5+5=", "98+1=", "7+8="), ("46", "11", "99", "1")
+RM_LABELS = ("46", "10", "99", "15")
+
+
+def test_served_scores_equal_the_reward_models_own(tiny_rm):
+    reward_input = resolve_reward(tiny_rm["inputs"])
+    direct = RewardModel(tiny_rm["checkpoint"], device="cpu", batch_size=64)
+    with serving(load_shared_reward(reward_input, device="cpu", batch_size=64)) as srv:
+        health = wait_healthy(srv.url, 5)
+        status, body = post(srv, good(RM_PROMPTS, RM_RESPONSES, RM_LABELS))
+        # One at a time, concurrently: batched with other requests, so padded differently than scored alone.
+        with ThreadPoolExecutor(8) as pool:
+            singles = list(pool.map(lambda i: post(srv, good([RM_PROMPTS[i % 4]], [RM_RESPONSES[i % 4]],
+                                                                [RM_LABELS[i % 4]])), range(16)))
+    assert (health["kind"], health["reward"], health["sha256"]) == ("model", reward_input["path"],
+                                                                    reward_input["sha256"])
+    expected = direct.score(RM_PROMPTS, RM_RESPONSES)
+    assert status == 200 and body["rewards"] == expected == body["scores"]
+    assert len(set(expected)) == len(expected)  # the model tells the texts apart: the comparison means something
+    assert body["extra_logs"] == {"exact_match": [1.0, 0.0, 1.0, 0.0]}  # the task's truth, not the model's view
+    for i, (status, answer) in enumerate(singles):
+        assert status == 200 and answer["rewards"] == [pytest.approx(expected[i % 4], abs=1e-5)]
+
+
+def test_serve_reward_command_serves_the_recorded_reward_model(tiny_rm):
+    proc = subprocess.Popen([str(BIN / "remax-bench"), "serve-reward", "--port", "0", "--inputs", tiny_rm["inputs"],
+                             "--device", "cpu", "--batch-size", "16", "--max-pending", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "model reward" in line and "up to 16 texts per score call, 8 requests waiting" in line, line
+        url = line.split(" at ", 1)[1].split()[0]
+        health = wait_healthy(url, 30)
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/get_reward", json.dumps(good(RM_PROMPTS, RM_RESPONSES, RM_LABELS)))
+        rewards = json.loads(conn.getresponse().read())["rewards"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert health["kind"] == "model" and health["sha256"] == resolve_reward(tiny_rm["inputs"])["sha256"]
+    assert rewards == RewardModel(tiny_rm["checkpoint"], device="cpu", batch_size=16).score(RM_PROMPTS, RM_RESPONSES)
+
+
+def test_serve_reward_refuses_a_bad_reward_input_before_listening(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # what serve-reward sets, restored after the test
+    # In this process (the CLI's main; it would serve forever, were the input good) ...
+    assert cli.main(["serve-reward", "--inputs", str(tmp_path / "nowhere")]) == 2
+    out = capsys.readouterr()
+    assert f"{tmp_path / 'nowhere' / 'reward'}: input is missing" in out.err and "serving" not in out.out
+    assert cli.main(["serve-reward", "--batch-size", "0"]) == 2
+    out = capsys.readouterr()
+    assert "max_batch (--batch-size) must be at least 1, got 0" in out.err and "serving" not in out.out
+    # ... and the console script: a recorded reward whose checkpoint is a causal LM, not a reward model.
+    reward_dir = tmp_path / "inputs" / "reward"
+    (reward_dir / "model").mkdir(parents=True)
+    write_json(reward_dir / "model" / "config.json", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    write_json(reward_dir / "reward.json", {"kind": "model", "sha256": sha256_tree(reward_dir / "model")})
+    record_hash(reward_dir)
+    causal = run_cli("serve-reward", "--inputs", tmp_path / "inputs")
+    assert causal.returncode == 2 and "must be a *ForSequenceClassification checkpoint" in causal.stderr
+    assert "serving" not in causal.stdout
+
+
+def test_the_rule_identity_is_served_without_inputs(server):
+    assert {k: wait_healthy(server.url, 5)[k] for k in ("kind", "reward", "sha256")} == rule_identity()

@@ -4,9 +4,13 @@ of the logs verl's own loggers write (tests/fixtures/verl, made by its make_fixt
 
 import json
 import math
+import os
 import re
+import shlex
 import shutil
+import socket
 import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -15,9 +19,11 @@ import yaml
 
 from conftest import REPO, run_cli
 from harness import HarnessError, reward
+from harness.frameworks import reward_serving
+from harness.inputs import resolve_reward
+from reward_inputs import direct_scores, model_reward_inputs, reward_server
 from harness.conformance import CASES, reference_advantages
 from harness.envs import ensure_env
-from harness.frameworks import get_adapter
 from harness.frameworks import verl as vr
 
 FIXTURES = REPO / "tests" / "fixtures" / "verl"
@@ -214,6 +220,96 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
         assert f"{h['framework_key']}={vr._hydra_value(h['effective'])}" in plan["argv"], h
     assert {d["key"] for d in plan["deviations"]} >= {"throughput tokens"}
     assert set(plan["inputs"]) == {"dataset", "policy", "reward"}
+    # The rule scores in verl's own reward workers, as before: no server, verl replaces the shell.
+    assert o["reward.custom_reward_function.name"] == "compute_score"
+    assert plan["reward"] == {"kind": "rule", "checkpoint": None, "sha256": plan["inputs"]["reward"]["sha256"],
+                              "scored_by": "in-process"}
+    script = (planned / "launch.sh").read_text()
+    assert "serve-reward" not in script and f"exec {shlex.join(plan['argv'])}" in script
+
+
+@pytest.fixture(scope="module")
+def model_inputs(tmp_path_factory):
+    return model_reward_inputs(tmp_path_factory.mktemp("verl-model"))
+
+
+@pytest.fixture(scope="module")
+def planned_model(model_inputs):
+    out = model_inputs["inputs"].parent / "plan"
+    proc = run_cli("plan", "verl", "--config", model_inputs["config_path"], "--seed", SEED, "--out", out,
+                   "--inputs", model_inputs["inputs"])
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_plan_with_a_reward_model_serves_the_checkpoint(planned_model, model_inputs):
+    plan = json.loads((planned_model / "plan.json").read_text())
+    shared = resolve_reward(model_inputs["inputs"])
+    assert plan["reward"] == {"kind": "model", "checkpoint": str(model_inputs["inputs"] / "reward" / "model"),
+                              "sha256": shared["sha256"], "scored_by": "served"}
+    o = overrides_of(planned_model)
+    assert o["reward.custom_reward_function.name"] == "compute_score_served"
+    assert "reward.reward_model.enable" not in o  # verl's own reward-model engine stays off
+    script = (planned_model / "launch.sh").read_text()
+    assert subprocess.run(["bash", "-n", planned_model / "launch.sh"]).returncode == 0
+    assert (f"serve-reward --host 127.0.0.1 --inputs {model_inputs['inputs']} --device cpu --batch-size 8"
+            in script)
+    assert f"\n{shlex.join(plan['argv'])}\n" in script and "exec " not in script  # the EXIT trap stops the server
+    assert f"export REWARD_URL {reward_serving.URL_VAR}=" in script
+
+
+STAND_IN_VERL = r"""
+import importlib.util, json, os, sys
+# verl loads the reward function by path (verl.utils.import_utils.load_extern_object); so does this stand-in.
+o = dict(a.split("=", 1) for a in sys.argv[3:])
+spec = importlib.util.spec_from_file_location("custom_module", o["reward.custom_reward_function.path"])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+fn = getattr(module, o["reward.custom_reward_function.name"])
+print("STAND-IN", json.dumps({"cwd": os.getcwd(), "url": os.environ["REMAX_BENCH_REWARD_URL"],
+      "scores": [fn("remax-bench/addition", r, "46", {"prompt": "12+34="}) for r in ("46", "47")]}))
+"""
+
+
+def test_launch_serves_the_reward_model_to_verl_and_stops_the_server(planned_model, model_inputs, tmp_path):
+    """The planned launch.sh, with a stand-in for the GPU environment's python (vLLM and CUDA cannot exist here):
+    the server it starts on a free port answers the reward function verl would load, and is gone afterwards."""
+    argv0 = json.loads((planned_model / "plan.json").read_text())["argv"][0]
+    (tmp_path / "job.py").write_text(STAND_IN_VERL)
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!/usr/bin/env bash\nexec {shlex.quote(sys.executable)} {tmp_path / 'job.py'} \"$@\"\n")
+    stand_in.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text((planned_model / "launch.sh").read_text().replace(argv0, str(stand_in)))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(["bash", script, run_dir], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(next(line[len("STAND-IN "):] for line in proc.stdout.splitlines() if line.startswith("STAND-IN ")))
+    assert out["cwd"] == str(run_dir)
+    assert out["scores"] == pytest.approx(direct_scores(model_inputs["inputs"], ["12+34="] * 2, ["46", "47"]),
+                                          rel=1e-5, abs=1e-6)
+    assert "model reward, sha256 " + resolve_reward(model_inputs["inputs"])["sha256"] in \
+        (run_dir / "reward_server.log").read_text()
+    port = int(out["url"].rsplit(":", 1)[1])
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_served_reward_function_is_the_reward_servers_answer(model_inputs, tmp_path):
+    from harness.frameworks import verl_reward
+
+    assert verl_reward.URL_VAR == reward_serving.URL_VAR
+    prompts, responses = ["12+34=", "12+34=", "9+9="], ["46", "47", "x"]
+    with reward_server(model_inputs["inputs"]) as url:
+        os_env = {verl_reward.URL_VAR: url}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in os_env.items():
+                mp.setenv(k, v)
+            got = [verl_reward.compute_score_served("remax-bench/addition", r, "46", {"prompt": p})
+                   for p, r in zip(prompts, responses)]
+    assert got == pytest.approx(direct_scores(model_inputs["inputs"], prompts, responses), rel=1e-5, abs=1e-6)
+    with pytest.raises(RuntimeError, match=verl_reward.URL_VAR):
+        verl_reward.compute_score_served("remax-bench/addition", "46", "46", {"prompt": "12+34="})
 
 
 def test_plan_exports_the_dataset_in_verls_parquet_schema(planned, a100x8):
@@ -357,6 +453,27 @@ def test_plan_composes_against_verls_packaged_config_and_passes_its_validation(c
     assert all(values[k] == SEED for k in out["seed_keys"])
     assert out["scores"] == [reward.score(p, r, a) for p, r, a in PROBE]
     assert out["rendered"] == "<s>12+34="  # the raw prompt, as the reference backend sees it
+
+
+def test_model_plan_composes_and_verl_loads_the_served_reward_function(verl_python, planned_model, model_inputs,
+                                                                        tmp_path):
+    """In verl's own environment: the reward-model plan composes and validates, and the function verl loads from it
+    (verl.utils.import_utils.load_extern_object, as reward.py get_custom_reward_fn does) gets the shared server's
+    scores of the reward model."""
+    overrides = json.loads((planned_model / "plan.json").read_text())["argv"][3:]
+    with reward_server(model_inputs["inputs"]) as url:
+        proc = subprocess.run([str(verl_python), "-c", COMPOSE, json.dumps({"plan": {"overrides": overrides,
+                                                                                     "probe": PROBE}})],
+                              capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, reward_serving.URL_VAR: url})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])["plan"]
+    assert "error" not in out, out.get("error")
+    assert out["values"]["reward.custom_reward_function.name"] == "compute_score_served"
+    assert out["values"]["reward.reward_model.enable"] is False
+    expected = direct_scores(model_inputs["inputs"], [p for p, _, _ in PROBE], [r for _, r, _ in PROBE])
+    assert out["scores"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert out["scores"] != [reward.score(p, r, a) for p, r, a in PROBE]  # the model scored, not the rule
 
 
 @pytest.mark.parametrize("name", list(BAD))

@@ -7,6 +7,16 @@ ingest: the launcher's JSON lines (measured), and DeepSpeed-Chat's own printed l
 `print_throughput_step3`, main.py's `Average reward score:` line) as a cross-check, or as estimated rows where
 nothing else exists. conformance: ReMax's own return computation (`DeepSpeedReMaxTrainer.compute_loss`, imported
 from the checkout) on the shared vectors, against the reference advantage.
+
+The shared reward replaces DeepSpeed-Chat's reward engine (dschat_launcher.SharedReward). A reward model
+(`reward.kind: model`) is always served: launch.sh starts the shared reward server on the checkpoint and the
+launcher posts decoded prompt + response texts to it ("served"), so the checkpoint scores DeepSpeed-Chat with the
+same forward pass as the other frameworks. DeepSpeed-Chat's native reward engine cannot take the shared
+checkpoint: utils/model/model_utils.py `create_critic_model` builds `AutoModel` + the `v_head` of
+utils/model/reward_model.py `RewardModel` and loads the state dict of `pytorch_model.bin` with DeepSpeed-Chat's own
+key names (a Hugging Face *ForSequenceClassification checkpoint keeps its head as `score` in safetensors), and it
+feeds the actor's token ids to that model unchanged, which would also require the policy's tokenizer. No planned
+path hands token ids across models, so no tokenizer has to match.
 """
 
 from __future__ import annotations
@@ -23,8 +33,8 @@ from typing import Sequence
 import pandas as pd
 
 from harness import HarnessError, metrics
-from harness.envs import ENV_ROOT, REPO, ensure_env
-from harness.frameworks import Adapter, dschat_launcher, register_framework
+from harness.envs import REPO, env_command, ensure_env
+from harness.frameworks import Adapter, dschat_launcher, register_framework, reward_serving
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -39,6 +49,7 @@ CHECKOUT_ENV = "REMAX_BENCH_REMAX_CHECKOUT"  # where conformance (which has no c
 STEPS_LOG = "dschat_steps.log"  # the launcher's JSON lines, in the run directory
 LAUNCHER = Path(dschat_launcher.__file__)
 RUN_DIR = "$RUN_DIR"  # in plan.json argv: the run directory given to launch.sh
+REWARD_URL = "$REWARD_URL"  # in plan.json argv: the shared reward server that launch.sh starts (reward model)
 ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batch size x configured lengths
 # main.py: `if (global_step + 1) % (len(prompt_train_dataloader) // 20) == 0` (evaluation every 1/20 epoch)
 MIN_BATCHES = 20
@@ -153,7 +164,26 @@ def _export_data(rows: list[dict], dest: Path) -> int:
     return len(rows)
 
 
-def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path) -> list[str]:
+def _reward_url(config: dict, reward: dict) -> str | None:
+    """What the launcher's --reward-url gets: the server launch.sh starts for a reward model, or dschat.reward_url."""
+    return REWARD_URL if reward["kind"] == "model" else config[NAME]["reward_url"]
+
+
+def _served_at(config: dict) -> tuple[str, int | None]:
+    """Host and port of the reward server that launch.sh starts: dschat.reward_url's, else loopback, a free port."""
+    from urllib.parse import urlsplit
+
+    url = config[NAME]["reward_url"]
+    if not url:
+        return "127.0.0.1", None
+    parts = urlsplit(url)
+    if not (parts.hostname and parts.port):
+        raise HarnessError(f"config: at dschat.reward_url: {url!r} names no host and port for the reward server "
+                           "that launch.sh starts for a reward model (e.g. http://127.0.0.1:18643)")
+    return parts.hostname, parts.port
+
+
+def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path, reward: dict) -> list[str]:
     rc, dc = config["remax"], config[NAME]
     main_args = [
         "--algo", "remax",
@@ -190,12 +220,12 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         "--output_dir", f"{RUN_DIR}/output",
         "--deepspeed",
     ]
-    venv = ENV_ROOT / ENV
     return [
-        str(venv / "bin" / "deepspeed"), "--num_gpus", str(config["launch"]["gpus_per_node"]),
+        *env_command(ENV, config, "deepspeed"), "--num_gpus", str(config["launch"]["gpus_per_node"]),
         "--master_port", str(dc["master_port"]),
         str(LAUNCHER), "--main", f"{RUN_DIR}/ReMax/{MAIN}", "--steps-log", f"{RUN_DIR}/{STEPS_LOG}",
-        "--dataset", str(dataset), *(["--reward-url", dc["reward_url"]] if dc["reward_url"] else []),
+        "--dataset", str(dataset),
+        *(["--reward-url", _reward_url(config, reward)] if _reward_url(config, reward) else []),
         *main_args,
     ]
 
@@ -209,11 +239,15 @@ def main_args(argv: list[str]) -> list[str]:
 
 
 def _shell_word(arg: str) -> str:
-    """Quote `arg` for bash, leaving $RUN_DIR in it expanded."""
+    """Quote `arg` for bash, leaving $RUN_DIR and $REWARD_URL in it expanded."""
+    if arg == REWARD_URL:
+        return '"$REWARD_URL"'
     return '"$RUN_DIR"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
 
 
-def _launch_script(argv: list[str], checkout: Path) -> str:
+def _launch_script(argv: list[str], checkout: Path, reward_server: str | None) -> str:
+    """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
+    the server after it, so the deepspeed launcher runs as a child instead of replacing the shell."""
     lines = [[_shell_word(argv[0])]]
     for prev, arg in zip(argv, argv[1:]):  # one option (with its value) per line
         if arg.startswith("-") or not prev.startswith("-"):
@@ -239,7 +273,7 @@ ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
 ln -sfn "$PLAN_DIR/data" "$RUN_DIR/data"
 mkdir -p "$RUN_DIR/output" "$RUN_DIR/data_files"
 export HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-exec {command}
+{reward_server or ""}{"" if reward_server else "exec "}{command}
 """
 
 
@@ -254,8 +288,9 @@ def _deviations(config: dict) -> list[dict]:
          "cause": "reward - baseline is clipped to +-5, hard-coded (self.clip_reward_value = 5.0; the "
                   "--clip_reward_value flag is ignored); inactive while |reward - baseline| <= 5"},
         {"key": "reward.kind", "shared": config["reward"]["kind"], "effective": config["reward"]["kind"],
-         "cause": "the launcher replaces DeepSpeed-Chat's reward model with the shared reward (no reward model is "
-                  "loaded; --reward_model_name_or_path is required by the parser and unused)"},
+         "cause": "the launcher replaces DeepSpeed-Chat's reward engine with the shared reward (a reward model is "
+                  "scored by the shared reward server, not loaded by DeepSpeed-Chat; --reward_model_name_or_path is "
+                  "required by the parser and unused)"},
         {"key": "task.prompt", "shared": "prompt", "effective": "prompt",
          "cause": "DeepSpeed-Chat's local/jsonfile reader prepends ' ' to every prompt; the launcher drops it so the "
                   "policy sees the shared prompt's tokens"},
@@ -316,13 +351,19 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         raise HarnessError(f"{actor}: DeepSpeed-Chat loads a slow LlamaTokenizer (tokenizer.model) for any path "
                            f"containing 'llama', and {policy} has none; plan into a directory without 'llama'")
     checkout = checkout_dir(config)
-    argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve())
+    served = inputs["reward"]["kind"] == "model" or bool(config[NAME]["reward_url"])
+    reward = reward_serving.plan_record(inputs["reward"], "served" if served else "in-process")
+    server = None
+    if inputs["reward"]["kind"] == "model":
+        host, port = _served_at(config)
+        server = reward_serving.server_block(config, inputs_dir, reward, host=host, port=port)
+    argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         _actor_dir(policy, tmp / "actor", actor)
         _export_data(dataset["train"], tmp / "data" / "train.json")
         _export_data(dataset["eval"], tmp / "data" / "eval.json")
-        write_text(tmp / "launch.sh", _launch_script(argv, checkout))
+        write_text(tmp / "launch.sh", _launch_script(argv, checkout, server))
         write_json(tmp / "plan.json", {
             "framework": NAME,
             "framework_version": framework_version(),
@@ -330,7 +371,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "run_id": f"{NAME}-{config['profile']}-s{seed}",
             "env": ENV,
             "argv": argv,
-            "argv_note": f"{RUN_DIR} stands for the run directory given to launch.sh",
+            "argv_note": f"{RUN_DIR} stands for the run directory given to launch.sh"
+                         + (f", {REWARD_URL} for the reward server it starts" if server else ""),
             "env_vars": {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
             "n_gpus": settings["world"],
             "inputs": inputs,
@@ -338,6 +380,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "batches_per_epoch": settings["batches"],
             "hyperparameters": _hyperparameters(config, seed, settings),
             "deviations": _deviations(config),
+            "reward": reward,
         })
 
 

@@ -20,8 +20,9 @@ Before main.py runs (with `runpy`, as `__main__`), it
 * wraps `DeepSpeedReMaxTrainer.generate_experience` to know where a training iteration starts (evaluation
   rollouts, `training_mode=False`, are not steps) and what its rollout scored;
 * replaces DeepSpeed-Chat's reward model (`DeepSpeedRLHFEngine._init_reward`) with the shared reward,
-  `harness.reward.score` (or the shared reward server at `--reward-url`), so DeepSpeed-Chat is scored by the
-  same code as every other framework; no reward model is loaded;
+  `harness.reward.score` (or the shared reward server at `--reward-url`, which is how a shared reward model scores:
+  launch.sh starts the server on the checkpoint), so DeepSpeed-Chat is scored by the same code as every other
+  framework; DeepSpeed-Chat loads no reward model;
 * drops the " " that DeepSpeed-Chat's `local/jsonfile` reader puts before every prompt, so the policy sees the
   shared prompt's own tokens.
 

@@ -10,6 +10,9 @@ each run; the Ray workers import the patched files.
 - plan: a launch directory for one colocated node (actor, reference and vLLM engines share the GPUs, sleep mode),
   the prompts as JSONL {input, label}, the ReMax agent, the patch, launch.sh (starts the reward server, waits for
   its health check, runs `python3 -m openrlhf.cli.train_ppo_ray` with 0.11.2's dotted flags, stops the server).
+  With `reward.kind: model` the server serves the shared reward-model checkpoint (`serve-reward --inputs`), so
+  OpenRLHF is scored by the same forward pass as the other frameworks (plan.json "reward": scored_by "served"),
+  not by OpenRLHF's own reward-model workers (`--reward.pretrain`).
 - ingest: the `✨ Global step N: {...}` line the PPOTrainer Ray actor logs per step -> the common schema.
 - conformance: the patched estimator, run from the installed package, on harness.conformance.CASES.
 """
@@ -24,7 +27,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -32,7 +34,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness import HarnessError, envs, metrics, task
-from harness.frameworks import Adapter, register_framework
+from harness.frameworks import Adapter, register_framework, reward_serving
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -84,7 +86,7 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
          "vllm.num_engines (tensor_parallel_size 1, colocate_all)", "effective": gpus},
     ]
     argv = [
-        "python3", "-m", "openrlhf.cli.train_ppo_ray",
+        *envs.env_command(ENV, config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
         "--actor.model_name_or_path", policy,
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(gpus),
         "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(gpus),
@@ -138,26 +140,14 @@ set -euo pipefail
 RUN_DIR="${{1:?usage: bash launch.sh RUN_DIR}}"
 PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 ENV_BIN={env_bin}
-HARNESS_PY={harness_py}
-REWARD_URL={reward_url}
-if [ ! -x "$ENV_BIN/python3" ]; then
-  echo "launch.sh: $ENV_BIN/python3 not found: build the environment with 'remax-bench env {env}'" >&2
-  exit 2
-fi
-mkdir -p "$RUN_DIR"
+{env_check}mkdir -p "$RUN_DIR"
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
 cp "$PLAN_DIR/plan.json" "$RUN_DIR/plan.json"
 # The remax estimator goes into the installed package of this environment only (idempotent; refuses another version).
-"$ENV_BIN/python3" "$PLAN_DIR/{patch}"
+# An Apptainer image got it when it was built (container.images.openrlhf.setup); here it finds it already there.
+{python3} "$PLAN_DIR/{patch}"
 
-"$HARNESS_PY" -m harness.cli serve-reward --host {host} --port {port} >"$RUN_DIR/reward_server.log" 2>&1 &
-REWARD_PID=$!
-stop_reward_server() {{ kill "$REWARD_PID" 2>/dev/null || true; wait "$REWARD_PID" 2>/dev/null || true; }}
-trap stop_reward_server EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-"$HARNESS_PY" -m harness.cli serve-reward --health-check "$REWARD_URL" --timeout {health_timeout}
-
+{reward_server}
 cd "$RUN_DIR"  # checkpoints (--ckpt.* defaults, relative) land in the run directory
 export PATH="$ENV_BIN:$PATH" {env_vars}
 unset RAY_ADDRESS  # a fresh local Ray cluster for this run
@@ -179,6 +169,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     argv, hyper = _flags(config, seed, out_dir, policy)
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     env_vars = {"PYTHONUNBUFFERED": "1"}
+    reward = reward_serving.plan_record(inputs["reward"], "served")
     run_id = f"{NAME}-{config['profile']}-s{seed}"
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -188,14 +179,17 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
         write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH})
         write_text(tmp / "launch.sh", LAUNCH.format(
-            version=VERSION, log=LOG, env=ENV, patch=PATCH, env_bin=_sh(envs.ENV_ROOT / ENV / "bin"),
-            harness_py=_sh(sys.executable), reward_url=_sh(reward_url), host=_sh(oc["reward_host"]),
-            port=oc["reward_port"], health_timeout=oc["reward_health_timeout_s"],
+            version=VERSION, log=LOG, patch=PATCH, env_bin=_sh(envs.ENV_ROOT / ENV / "bin"),
+            env_check=envs.env_check(ENV, config, "python3"),
+            python3=shlex.join(envs.env_command(ENV, config, "python3")),
+            reward_server=reward_serving.server_block(config, inputs_dir, reward, host=oc["reward_host"],
+                                                      port=oc["reward_port"],
+                                                      health_timeout_s=oc["reward_health_timeout_s"]),
             env_vars=" ".join(f"{k}={_sh(v)}" for k, v in env_vars.items()), command=" ".join(map(_sh, argv))))
         write_json(tmp / "plan.json", {
             "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": ENV,
             "argv": argv, "env_vars": env_vars, "n_gpus": config["launch"]["gpus_per_node"], "inputs": inputs,
-            "hyperparameters": hyper, "deviations": [], "reward_server": reward_url,
+            "hyperparameters": hyper, "deviations": [], "reward_server": reward_url, "reward": reward,
         })
 
 

@@ -5,11 +5,15 @@ training engine apart, so moving updated weights into the rollout model is a rea
 One iteration: sample n responses per prompt and one greedy response per prompt (the baseline) with the
 rollout model; score both with the shared reward; reference-policy log-probs for the KL penalty; one
 REINFORCE update of the trainer (harness.remax); copy the new weights into the rollout model.
+The shared reward (the rule, or a reward model: harness.shared_reward) scores samples and greedy responses in
+one call; the task's exact-match accuracy of the samples is logged beside it, so a reward model's score can be
+read against the truth.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -25,8 +29,10 @@ from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json
 from harness.manifest import build_manifest
 from harness.policy import load_policy, seed_everything, token_logprobs
+from harness.shared_reward import SharedReward, load_shared_reward
 
 NAME = "reference"
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STEP_LOG = "steps.jsonl"
 
 
@@ -46,6 +52,23 @@ class _Clock:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
+
+    def cpu_now(self) -> float | None:
+        """CPU time of this process; None on CUDA, where the host's CPU time says nothing about the work done."""
+        return None if self.device.type == "cuda" else time.process_time()
+
+    def machine_busy(self) -> float | None:
+        """CPU-seconds every process on the machine has been busy since boot (Linux /proc/stat, steal included);
+        minus this process's own CPU time, it is what other jobs took from the cores while a step ran."""
+        if self.device.type == "cuda":
+            return None
+        try:
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = ticks
+        return (user + nice + system + irq + softirq + steal) / _TICKS_PER_S
 
 
 def _generate(model, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
@@ -67,16 +90,18 @@ def _decode(tokenizer, response: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return [tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(response, mask)]
 
 
-def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: int, device) -> dict:
-    """Greedy accuracy and mean reward on `rows` (untimed; not part of any step)."""
+def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: int, device,
+             shared: SharedReward) -> dict:
+    """Greedy accuracy (the task's truth) and mean shared reward on `rows` (untimed; not part of any step)."""
     hits, total = 0, 0.0
     for i in range(0, len(rows), batch_size):
         batch = rows[i:i + batch_size]
-        _, _, response, mask = _generate(model, tokenizer, [r["prompt"] for r in batch], n=1, greedy=True,
-                                         remax_cfg=remax_cfg, device=device)
-        for r, text in zip(batch, _decode(tokenizer, response, mask)):
-            hits += reward.correct(text, r["answer"])
-            total += reward.score(r["prompt"], text, r["answer"])
+        prompts, answers = [r["prompt"] for r in batch], [r["answer"] for r in batch]
+        _, _, response, mask = _generate(model, tokenizer, prompts, n=1, greedy=True, remax_cfg=remax_cfg,
+                                         device=device)
+        texts = _decode(tokenizer, response, mask)
+        hits += sum(reward.correct(t, a) for t, a in zip(texts, answers))
+        total += sum(shared.score(prompts, texts, answers))
     return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
 
 
@@ -109,6 +134,8 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
     framework_version = harness.__version__
 
     seed_everything(seed)
+    shared = load_shared_reward(inputs["reward"], device=config["reward"]["device"],
+                                batch_size=config["reward"]["batch_size"], max_length=config["reward"]["max_length"])
     trainer, tokenizer = load_policy(inputs["policy"]["path"], device)
     rollout, _ = load_policy(inputs["policy"]["path"], device)
     ref, _ = load_policy(inputs["policy"]["path"], device)
@@ -118,7 +145,7 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
     clock = _Clock(device)
     rng = random.Random(seed)
-    eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
+    eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
     started = time.time()
 
     with atomic_path(out_dir) as tmp:
@@ -128,13 +155,13 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
             for step in range(1, rc["steps"] + 1):
                 rows.append(_iteration(step, rng.sample(dataset["train"], rc["train_batch_size"]),
                                        trainer, rollout, ref, tokenizer, optimizer, rc, clock, device,
-                                       xc["inject_slowdown"]))
+                                       xc["inject_slowdown"], shared))
                 rows[-1].update(framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed,
                                 n_gpus=1 if device.type == "cuda" else 0)
                 log.write(json.dumps(rows[-1], sort_keys=True) + "\n")
                 log.flush()
         finished = time.time()
-        eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device)
+        eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
         metrics.write_metrics(metrics.to_frame(rows, str(tmp / STEP_LOG)), tmp / "metrics.parquet")
         write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after})
         write_json(tmp / "manifest.json", build_manifest(
@@ -144,21 +171,25 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
         ))
 
 
-def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, slowdown) -> dict:
+def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, slowdown,
+               shared: SharedReward) -> dict:
     n = rc["rollout_n"]
     prompts = [r["prompt"] for r in batch]
-    t_start = clock.now()
+    t_start, cpu_start, busy_start = clock.now(), clock.cpu_now(), clock.machine_busy()
 
     ids, attn, response, mask = _generate(rollout, tokenizer, prompts, n=n, greedy=False, remax_cfg=rc, device=device)
     _, _, greedy_response, greedy_mask = _generate(rollout, tokenizer, prompts, n=1, greedy=True, remax_cfg=rc,
                                                    device=device)
     t_gen = clock.now()
 
-    answers = [r["answer"] for r in batch for _ in range(n)]
-    scores = torch.tensor([reward.score(p, text, a) for p, text, a in
-                           zip([p for p in prompts for _ in range(n)], _decode(tokenizer, response, mask), answers)])
-    baselines = torch.tensor([reward.score(r["prompt"], text, r["answer"]) for r, text in
-                              zip(batch, _decode(tokenizer, greedy_response, greedy_mask))])
+    answers = [r["answer"] for r in batch]
+    sample_answers = [a for a in answers for _ in range(n)]
+    samples = _decode(tokenizer, response, mask)
+    # Samples and greedy baselines in one call: one forward pass when the shared reward is a model.
+    scored = shared.score([p for p in prompts for _ in range(n)] + prompts,
+                          samples + _decode(tokenizer, greedy_response, greedy_mask), sample_answers + answers)
+    scores, baselines = torch.tensor(scored[:len(samples)]), torch.tensor(scored[len(samples):])
+    task_accuracy = sum(map(reward.correct, samples, sample_answers)) / len(samples)
     baselines_per_sample = baselines.repeat_interleave(n).to(device)
     scores = scores.to(device)
 
@@ -183,12 +214,14 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
     t_synced = clock.now()
     if slowdown:  # lands in the step's "other" time, not in any phase
         _busy_wait(slowdown * (t_synced - t_start))
-    t_end = clock.now()
+    t_end, cpu_end, busy_end = clock.now(), clock.cpu_now(), clock.machine_busy()
 
     response_tokens = mask.sum().item()
     return {
         "step": step,
         "time_step_s": t_end - t_start,
+        "time_step_cpu_s": None if cpu_start is None else cpu_end - cpu_start,
+        "time_machine_busy_s": None if busy_start is None or busy_end is None else busy_end - busy_start,
         "time_gen_s": t_gen - t_start,
         "time_train_s": t_transition - t_train,
         "time_transition_s": t_synced - t_transition,
@@ -197,6 +230,7 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
         "tokens_baseline": greedy_mask.sum().item(),
         "reward_mean": scores.mean().item(),
         "reward_baseline_mean": baselines.mean().item(),
+        "task_accuracy_mean": task_accuracy,
         "kl_mean": (kl.sum(-1)).mean().item(),
         "response_length_mean": response_tokens / len(mask),
         "loss": loss.item(),

@@ -13,6 +13,25 @@ Facts used here, read from verl 0.9.1's own source (installed in .venvs/verl-val
   tokens are not in it, its generation time is in `timing_s/gen`); `perf/throughput` = total / (step * n_gpus);
   `prompt_length/mean`, `response_length/mean` over the same rows; `critic/score/mean` = raw task score,
   `critic/rewards/mean` = after the in-reward KL penalty, whose coefficient is `actor/reward_kl_penalty_coeff`.
+
+The shared reward. The rule scores in verl's own reward-loop workers through the custom reward function
+(verl_reward.compute_score -> harness.reward.score: "in-process"). A reward model (`reward.kind: model`) scores
+verl over HTTP from the shared reward server that launch.sh starts (verl_reward.compute_score_served: "served"),
+not through verl's native reward-model path, because in 0.9.1 that path is a second inference engine with its own
+forward pass and its own rendering, so the same checkpoint would not score verl as it scores the others:
+- verl/experimental/reward_loop/reward_model.py `RewardModelManager._initialize_llm_servers` serves
+  `reward.reward_model.model_path` with a rollout replica (`get_rollout_replica_class(rollout.name)`,
+  `is_reward_model=True`: vLLM or SGLang, `reward.reward_model.rollout.dtype: bfloat16`, its own GPU share);
+  there is no FSDP reward worker (AutoModelForTokenClassification) any more in 0.9.1.
+- verl/experimental/reward_loop/reward_loop.py `compute_score_disrm` posts to vLLM's `/classify` with
+  `use_activation: False` and takes `output["data"][-1]["probs"][-1]`: vLLM's pooling implementation of the
+  checkpoint, not transformers' *ForSequenceClassification forward that scores the other frameworks;
+  `_preprocess_reward_inputs` decodes the response with the policy tokenizer, always applies the reward
+  tokenizer's chat template (no fallback for a checkpoint without one) and strips the BOS that vLLM adds back.
+- reward_loop.py `RewardLoopWorker.compute_score`: a custom reward function takes precedence over the reward
+  model, and reward_loop/reward_manager/naive.py runs it for every response of a batch concurrently, so the
+  served path needs no reward model in verl's config at all (`reward.reward_model.enable` stays False).
+The served path also keeps every framework's reward cost the same kind of work (one shared server on the node).
 """
 
 from __future__ import annotations
@@ -31,8 +50,8 @@ import torch
 
 from harness import HarnessError, metrics, task
 from harness.conformance import CASES, reference_advantages, require_baselines
-from harness.envs import REPO, env_python, ensure_env
-from harness.frameworks import Adapter, register_framework
+from harness.envs import REPO, env_check, env_command, ensure_env
+from harness.frameworks import Adapter, register_framework, reward_serving
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -42,6 +61,9 @@ ENV = "verl"  # workflows/envs/verl.txt: the GPU node's environment
 VALIDATE_ENV = "verl-validate"  # workflows/envs/verl-validate.txt: CPU, config composition and core_algos only
 METRICS_LOG = "verl_metrics.jsonl"  # verl's file logger output, inside the run directory
 REWARD_BRIDGE = Path(__file__).with_name("verl_reward.py")
+# The function of REWARD_BRIDGE that scores, by kind of shared reward, and how it scores.
+REWARD_FUNCTION = {"rule": "compute_score", "model": "compute_score_served"}
+SCORED_BY = {"rule": "in-process", "model": "served"}
 TRAIN_PARQUET, VAL_PARQUET = "train.parquet", "val.parquet"
 # The raw prompt text, as the reference backend feeds it: the shared task has no chat format, and verl always
 # renders prompts through the tokenizer's chat template (actor_rollout_ref.model.custom_chat_template replaces it).
@@ -122,7 +144,7 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> t
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
         f"reward.custom_reward_function.path={_hydra_value(str(REWARD_BRIDGE))}",
-        "reward.custom_reward_function.name=compute_score",
+        f"reward.custom_reward_function.name={REWARD_FUNCTION[inputs['reward']['kind']]}",
         # Enough epochs for total_training_steps (verl stops at whichever comes first).
         f"trainer.total_epochs={math.ceil(rc['steps'] / batches_per_epoch)}",
         "trainer.logger=[console,file]",
@@ -177,42 +199,43 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         raise HarnessError("config: at launch.gpus_per_node: verl needs GPUs (0 given); use a GPU profile "
                            "such as workflows/config/a100x8.yaml")
     inputs = resolve_inputs(inputs_dir)
+    reward = reward_serving.plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
     dataset = task.read_dataset(inputs["dataset"]["path"])
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs)
-    argv = [str(env_python(ENV)), "-m", "verl.trainer.main_ppo", *overrides]
+    argv = [*env_command(ENV, config), "-m", "verl.trainer.main_ppo", *overrides]
     env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
     plan_json = {
         "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": ENV,
         "argv": argv, "env_vars": env_vars,
         "n_gpus": config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
-        "inputs": inputs, "hyperparameters": hyperparameters, "deviations": DEVIATIONS,
+        "inputs": inputs, "hyperparameters": hyperparameters, "deviations": DEVIATIONS, "reward": reward,
     }
+    server = (reward_serving.server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
+              if reward["scored_by"] == "served" else None)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
         write_json(tmp / "plan.json", plan_json)
-        write_text(tmp / "launch.sh", _launch_script(argv, env_vars))
+        write_text(tmp / "launch.sh", _launch_script(argv, env_vars, server, env_check(ENV, config)))
 
 
-def _launch_script(argv: list[str], env_vars: dict) -> str:
+def _launch_script(argv: list[str], env_vars: dict, reward_server: str | None, check_env: str) -> str:
+    """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
+    the server after it, so verl runs as a child instead of replacing the shell."""
     exports = "".join(f'export {k}="{v}"\n' for k, v in env_vars.items())
+    run = f"{shlex.join(argv)}\n" if reward_server else f"exec {shlex.join(argv)}\n"
     return f"""#!/usr/bin/env bash
 # verl {VERSION} ReMax run planned by `remax-bench plan verl`; usage: bash launch.sh RUN_DIR
 # verl writes its metrics to RUN_DIR/{METRICS_LOG}; the caller (harness.launch) captures stdout/stderr to
 # RUN_DIR/console.log and copies plan.json beside them, where ingest finds the run's identity.
 set -euo pipefail
 [ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
-if [ ! -x {shlex.quote(argv[0])} ]; then
-    echo "no verl environment at {argv[0]}: build it with 'remax-bench env {ENV}'" >&2
-    exit 2
-fi
-mkdir -p "$1"
+{check_env}mkdir -p "$1"
 RUN_DIR="$(cd "$1" && pwd)"
-{exports}# hydra's outputs/ and any relative path of verl's land in the run directory.
+{reward_server or ""}{exports}# hydra's outputs/ and any relative path of verl's land in the run directory.
 cd "$RUN_DIR"
-exec {shlex.join(argv)}
-"""
+{run}"""
 
 
 # ---------------------------------------------------------------------------------------------------- ingest

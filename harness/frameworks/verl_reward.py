@@ -1,11 +1,24 @@
-"""verl's custom reward function for the shared task: the one shared reward, harness.reward.score.
+"""verl's custom reward functions for the shared task: the one shared reward, in-process or from the reward server.
 
-verl 0.9.1 loads this file by path (`reward.custom_reward_function.path`) inside its Ray reward workers and calls
-`compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)` once per response, with
-`solution_str` the decoded response only; the prompt travels in `extra_info["prompt"]` (written by the verl plan).
+verl 0.9.1 loads this file by path (`reward.custom_reward_function.path`, `.name` picks the function) inside its
+reward-loop workers and calls `compute_score(data_source=..., solution_str=..., ground_truth=..., extra_info=...)`
+once per response, with `solution_str` the decoded response only; the prompt travels in `extra_info["prompt"]`
+(written by the verl plan).
+
+- `compute_score` (reward.kind rule): harness.reward.score, in verl's own process.
+- `compute_score_served` (reward.kind model): the shared reward server that launch.sh starts, at the URL it
+  exports in $REMAX_BENCH_REWARD_URL (Ray's local workers inherit the launching shell's environment, as verl's
+  own constants_ppo.get_ppo_ray_runtime_env relies on). verl's NaiveRewardManager runs a plain function in its
+  event loop's thread pool and awaits every response of a batch at once (reward_loop.py compute_score_batch), so
+  the requests of a batch reach the server together, where they are scored in shared forward passes.
 """
 
+import json
+import os
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 # Loaded by path in verl's own environment, where the harness is not installed: make the checkout importable.
@@ -16,9 +29,39 @@ if _REPO not in sys.path:
 
 from harness.reward import score  # noqa: E402
 
+URL_VAR = "REMAX_BENCH_REWARD_URL"  # = harness.frameworks.reward_serving.URL_VAR (not importable here: no pandas)
+REQUEST_TIMEOUT_S = 180  # as OpenRLHF's remote-reward client
+BUSY = (429, 503)  # the server's answer while its queue is full: wait and ask again
+BUSY_DEADLINE_S = 600
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+
+def _prompt(data_source, extra_info) -> str:
     if not extra_info or "prompt" not in extra_info:
         raise ValueError(f"{data_source}: extra_info lacks 'prompt' "
                          "(was the parquet written by `remax-bench plan verl`?)")
-    return score(extra_info["prompt"], solution_str, ground_truth)
+    return extra_info["prompt"]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return score(_prompt(data_source, extra_info), solution_str, ground_truth)
+
+
+def compute_score_served(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    url = os.environ.get(URL_VAR)
+    if not url:
+        raise RuntimeError(f"${URL_VAR} is not set: run verl through the planned launch.sh, which starts the shared "
+                           "reward server and exports its URL")
+    prompt = _prompt(data_source, extra_info)
+    # The shared reward server's protocol (OpenRLHF's remote reward): query = prompt + response.
+    body = json.dumps({"query": [prompt + solution_str], "prompts": [prompt], "labels": [ground_truth]}).encode()
+    deadline, wait = time.monotonic() + BUSY_DEADLINE_S, 0.05
+    while True:
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:
+                return float(json.loads(resp.read())["rewards"][0])
+        except urllib.error.HTTPError as e:
+            if e.code not in BUSY or time.monotonic() > deadline:
+                raise RuntimeError(f"shared reward server {url}: HTTP {e.code}: {e.read()[:500]!r}") from None
+        time.sleep(wait)
+        wait = min(wait * 2, 5.0)

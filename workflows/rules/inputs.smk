@@ -44,3 +44,22 @@ rule policy:
         inputs=lambda w, output: os.path.dirname(output.sha),
     shell:
         "remax-bench inputs policy --config {input.config} --inputs {params.inputs} > {log} 2>&1"
+
+
+rule reward:
+    input:
+        config=rules.freeze_config.output[0],
+        data=rules.dataset.output.data,
+        model=rules.policy.output.model,
+        sha=rules.policy.output.sha,
+    output:
+        reward=directory(f"{INPUTS}/reward"),
+        sha=f"{INPUTS}/reward.sha256",
+    log:
+        f"{RESULTS}/logs/inputs/reward.log",
+    conda:
+        "../envs/harness.yaml"
+    params:
+        inputs=lambda w, output: os.path.dirname(output.sha),
+    shell:
+        "remax-bench inputs reward --config {input.config} --inputs {params.inputs} > {log} 2>&1"

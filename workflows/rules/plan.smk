@@ -18,6 +18,8 @@ rule plan:
         data=rules.dataset.output.data,
         model=rules.policy.output.model,
         sha=rules.policy.output.sha,
+        reward=rules.reward.output.reward,
+        reward_sha=rules.reward.output.sha,
     output:
         directory(f"{RESULTS}/plans/{{framework}}/seed{{seed}}"),
     log:

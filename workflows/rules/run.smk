@@ -4,6 +4,8 @@ rule run_embedded:
         data=rules.dataset.output.data,
         model=rules.policy.output.model,
         sha=rules.policy.output.sha,
+        reward=rules.reward.output.reward,
+        reward_sha=rules.reward.output.sha,
     output:
         directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
     log:

@@ -1,0 +1,94 @@
+"""Shared inputs whose shared reward is a reward model, for the framework plan tests.
+
+The 8xA100 profile at sizes every adapter accepts (OpenRLHF's micro-batches, DeepSpeed-Chat's 20 batches per
+epoch), a tiny built policy, and a tiny one-label LlamaForSequenceClassification checkpoint (random weights: the
+plans never score, and the served-path tests compare the server's answers with the same checkpoint's own forward
+pass) linked as `reward.path`, built through harness.inputs like the pipeline's inputs rules do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from harness.config import validate_config
+from harness.inputs import build_dataset, build_policy, build_reward
+from harness.io import write_text
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def save_reward_model(dest: Path, texts: list[str]) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from harness.policy import train_tokenizer
+
+    tokenizer = train_tokenizer(texts, 64)
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id, max_position_embeddings=128))
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+def model_reward_inputs(root: Path) -> dict:
+    """{"config", "config_path", "inputs", "checkpoint"} under `root`: dataset, policy and the reward model."""
+    from harness import task
+
+    raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    raw["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "sft": {"steps": 0}}
+    raw["task"].update(n_train=2000, n_eval=100)
+    raw["remax"].update(train_batch_size=32, max_prompt_length=64, max_response_length=8)
+    checkpoint = root / "reward-ckpt"
+    rows = task.generate({**validate_config(raw)["task"], "n_train": 50, "n_eval": 0})
+    save_reward_model(checkpoint, [r["prompt"] + r["answer"] for r in rows])
+    raw["reward"] = {"kind": "model", "path": str(checkpoint), "device": "cpu", "batch_size": 8}
+    config = validate_config(raw)
+    config_path = root / "config.yaml"
+    write_text(config_path, yaml.safe_dump(config))
+    inputs = root / "inputs"
+    build_dataset(config, inputs)
+    build_policy(config, inputs)
+    build_reward(config, inputs)
+    return {"config": config, "config_path": config_path, "inputs": inputs, "checkpoint": checkpoint}
+
+
+@contextlib.contextmanager
+def reward_server(inputs: Path):
+    """`remax-bench serve-reward --inputs INPUTS` on a free loopback port, as launch.sh starts it; yields its URL."""
+    from harness.reward_server import wait_healthy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(BIN / "remax-bench"), "serve-reward", "--host", "127.0.0.1", "--port", str(port),
+                             "--inputs", str(inputs), "--device", "cpu", "--batch-size", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_healthy(url, 120)
+        except Exception:
+            proc.kill()
+            raise AssertionError(f"reward server did not start: {proc.communicate()[0][-3000:]}") from None
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def direct_scores(inputs: Path, prompts: list[str], responses: list[str]) -> list[float]:
+    """The reward model's own scores, in this process (harness.shared_reward), to compare served answers with."""
+    from harness.inputs import resolve_reward
+    from harness.shared_reward import load_shared_reward
+
+    return load_shared_reward(resolve_reward(inputs), device="cpu").score(prompts, responses, [""] * len(prompts))
