@@ -29,8 +29,18 @@ MEASURED = {
     "kl_mean": "float64",
     "response_length_mean": "float64",
 }
-DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64"}
-SCHEMA = {**IDENTITY, **MEASURED, **DERIVED}
+# Measured where the producer can, empty elsewhere.
+# time_step_cpu_s: CPU time of the training process over the step (the CPU backend). Unlike wall time it does not
+# count time spent waiting for a core that another job holds, so on a shared CPU runner it is the throughput
+# figure that regression checks can trust; empty where a framework runs on accelerators.
+# time_machine_busy_s: CPU-seconds all processes on the machine were busy during the step (CPU backend, Linux):
+# beyond the run's own CPU time it is other jobs' load on the shared cores (their cache and memory traffic slow
+# the run even when it keeps its own core).
+# task_accuracy_mean: exact-match accuracy of the sampled responses on the verifiable task, whatever the reward:
+# with a reward model it shows whether the reward that rises is still the task being solved.
+OPTIONAL = {"time_step_cpu_s": "float64", "time_machine_busy_s": "float64", "task_accuracy_mean": "float64"}
+DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64"}
+SCHEMA = {**IDENTITY, **MEASURED, **OPTIONAL, **DERIVED}
 # Kept beside the derived figure for a cross-check where a framework reports its own (optional).
 FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
 
@@ -47,8 +57,11 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     if (step_time <= 0).any() or step_time.isna().any():
         bad = int(df.loc[(step_time <= 0) | step_time.isna(), "step"].iloc[0])
         raise HarnessError(f"{source}: step {bad}: time_step_s must be a positive number")
+    for c in OPTIONAL:
+        df[c] = df[c].astype("float64") if c in df.columns else float("nan")
     tokens = df["tokens_prompt"].astype("float64") + df["tokens_response"].astype("float64")
     df["throughput_tok_s"] = tokens / step_time
+    df["throughput_tok_cpu_s"] = tokens / df["time_step_cpu_s"].where(df["time_step_cpu_s"] > 0)
     # A CPU run (0 accelerators) has no per-GPU figure.
     df["throughput_tok_s_per_gpu"] = df["throughput_tok_s"] / df["n_gpus"].where(df["n_gpus"] > 0)
     df = df[list(SCHEMA) + [c for c in (FRAMEWORK_THROUGHPUT,) if c in df.columns]].astype(SCHEMA)
@@ -69,7 +82,8 @@ def read_metrics(path: str | Path) -> pd.DataFrame:
         raise HarnessError(f"{path}: metrics file not found") from None
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise HarnessError(f"{path}: not a readable parquet file ({e})") from None
-    missing = [c for c in SCHEMA if c not in df.columns]
+    missing = [c for c in {**IDENTITY, **MEASURED} if c not in df.columns]
     if missing:
         raise HarnessError(f"{path}: not in the common schema (missing {', '.join(missing)})")
-    return df
+    # Written before the optional columns existed: they were not measured.
+    return to_frame(df.to_dict("records"), str(path)) if any(c not in df.columns for c in SCHEMA) else df

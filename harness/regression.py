@@ -12,6 +12,11 @@ The method (docs/regression.md explains it for users):
 - A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
   and by more than any past run deviated (heavy tails), in this run or on average over this and the previous run
   (persistence). With fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
+- Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
+  ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
+  beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
+  its timings say more about the other job than about the code, so they are not judged ("contended"), and such
+  runs are left out of the noise of the timed metrics.
 Throughput and transition time alert (exit 1). Final reward and time-to-reward are an advisory class: reported,
 never the exit status.
 """
@@ -38,6 +43,8 @@ MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
 MAD_TO_SIGMA = 1.4826
 REWARD_TARGET_FRACTION = 0.8
+CONTENTION_MARGIN = 1.05
+FOREIGN_LOAD_MARGIN = 0.25  # cores of other work beyond the series' usual before a CPU run's timings are doubtful
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +55,7 @@ class Metric:
     higher_is_better: bool
     log_scale: bool  # compare ratios (times, rates) rather than differences (rewards)
     min_effect: float  # log-ratio or absolute difference below which no change matters
+    timed: bool  # measured with a clock, so a run that waited for the CPU cannot be judged on it
 
     def transform(self, x: float) -> float:
         return math.log(x) if self.log_scale else x
@@ -58,10 +66,13 @@ class Metric:
 
 
 METRICS = (
-    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97)),
-    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10)),
-    Metric("reward_last10", "final reward (last 10% of steps)", "advisory", True, False, 0.05),
-    Metric("time_to_reward_s", "time to reward target (s of training)", "advisory", False, True, math.log(1.25)),
+    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97), True),
+    Metric("throughput_tok_cpu_s", "throughput per CPU-second (tokens/CPU-s; CPU runs)", "alert", True, True,
+           math.log(1 / 0.97), True),
+    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True),
+    Metric("reward_last10", "final reward (last 10% of steps)", "advisory", True, False, 0.05, False),
+    Metric("time_to_reward_s", "time to reward target (s of training)", "advisory", False, True, math.log(1.25),
+           True),
 )
 
 
@@ -335,9 +346,37 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     known = {r["pipeline_run"] for r in history}
     series = history + [{**r, "pipeline_time": r.get("pipeline_time", "")} for r in base["runs"]
                         if r["pipeline_run"] not in known]
-    last_run = history[-1]["pipeline_run"] if history else None
+    def per_run(name: str) -> dict[str, float]:
+        by_run: dict[str, list[float]] = {}
+        for r in series + cur_rows:
+            if (v := r["metrics"].get(name)) is not None:
+                by_run.setdefault(r["pipeline_run"], []).append(v)
+        return {run: float(np.median(v)) for run, v in by_run.items()}
+
+    now = cur_rows[0]["pipeline_run"]
+    contention, foreign = per_run("cpu_contention"), per_run("cpu_foreign_load")
+    def usual_of(values: dict[str, float]) -> float | None:
+        past = [v for run, v in values.items() if run != now]
+        return float(np.median(past)) if past else None
+
+    usual, usual_foreign = usual_of(contention), usual_of(foreign)
+
+    def contended(run: str) -> str | None:
+        """Why the run's timings cannot be judged, or None."""
+        if usual is not None and run in contention and contention[run] > usual * CONTENTION_MARGIN:
+            return (f"wall/CPU time {contention[run]:.2f}x, the series' usual {usual:.2f}x: the run waited for "
+                    "cores another job held")
+        if usual_foreign is not None and run in foreign and foreign[run] > usual_foreign + FOREIGN_LOAD_MARGIN:
+            return (f"other processes kept {foreign[run]:.2f} cores busy beside the run, the series' usual "
+                    f"{usual_foreign:.2f}: they shared its caches and memory bandwidth")
+        return None
+
+    quiet = [r for r in series if not contended(r["pipeline_run"])]
+    now_contended = contended(now)
     checks = []
     for m in METRICS:
+        rows = quiet if m.timed else series
+        last_run = next((r["pipeline_run"] for r in reversed(history) if r in rows), None)
         baseline = {}
         for r in base["runs"]:
             v = extract[m.name](r)
@@ -345,10 +384,14 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
                 baseline.setdefault(r["seed"], []).append(v)
         current = {r["seed"]: extract[m.name](r) for r in cur_rows}
         current = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in current.items()}
+        if not baseline and all(v is None for v in current.values()):
+            continue  # a metric this backend does not measure (CPU time on accelerators)
         previous = {r["seed"]: extract[m.name](r) for r in history if r["pipeline_run"] == last_run}
         previous = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in previous.items()}
-        checks.append({"framework": fw, **assess(m, current, baseline, _series_table(series, m, extract[m.name]),
-                                                 previous or None)})
+        result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous or None)
+        if m.timed and now_contended:
+            result.update(status="contended", reason=f"{now_contended}; timings not judged: rerun on a quiet machine")
+        checks.append({"framework": fw, **result})
     return checks
 
 
@@ -380,9 +423,10 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
         changes[fw] = what_changed(b, cur_rows[0])
     alerts = [c for c in checks if c["class"] == "alert" and c["status"] == "regression"]
     advisories = [c for c in checks if c["class"] == "advisory" and c["status"] == "regression"]
-    undecided = [c for c in checks if c["class"] == "alert" and c["status"] in ("insufficient history",
-                                                                                  "no comparison")]
-    status = "regression" if alerts else "insufficient history" if undecided else "ok"
+    undecided = {c["status"] for c in checks if c["class"] == "alert" and c["status"] in (
+        "contended", "insufficient history", "no comparison")}
+    status = ("regression" if alerts else "contended" if "contended" in undecided
+              else "insufficient history" if undecided else "ok")
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -413,7 +457,10 @@ def _changes_md(changes: dict) -> list[str]:
 
 def render_markdown(result: dict) -> str:
     head = {"regression": "REGRESSION: a throughput or transition-time regression was found",
-            "ok": "OK: no regression", "insufficient history":
+            "ok": "OK: no regression",
+            "contended": "NOT JUDGED: the run waited for the CPU (another job held the cores); rerun it on a quiet "
+                         "machine; no alert raised",
+            "insufficient history":
             "NOT JUDGED: too little history to know the noise (see below); no alert raised"}[result["status"]]
     lines = [f"# Regression check: {head}", "",
              f"- run: `{result['pipeline_run']}` ({result['pipeline_time']}), profile `{result['profile']}`",

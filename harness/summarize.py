@@ -29,18 +29,27 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
         raise HarnessError(
             f"run {df['run_id'].iloc[0]}: no step after the {warmup_steps} warm-up steps (it has {len(df)} steps)")
     first, last = edge_means(df["reward_mean"])
+    acc_first, acc_last = edge_means(df["task_accuracy_mean"])
     row = {c: df[c].iloc[0] for c in ("framework", "framework_version", "run_id", "seed", "n_gpus")}
     row.update(
         steps=int(df["step"].max()),
         measured_steps=len(measured),
         throughput_tok_s=float(measured["throughput_tok_s"].median()),
         throughput_tok_s_per_gpu=float(measured["throughput_tok_s_per_gpu"].median()),
+        throughput_tok_cpu_s=float(measured["throughput_tok_cpu_s"].median()),
+        # Wall time over CPU time: about 1 (or 1 / threads) when the run had its cores, more when it waited for them.
+        cpu_contention=float((measured["time_step_s"] / measured["time_step_cpu_s"]).median()),
+        # Cores other processes kept busy on average while the run's steps ran (sums: /proc/stat counts in ticks).
+        cpu_foreign_load=float((measured["time_machine_busy_s"] - measured["time_step_cpu_s"]).sum()
+                               / measured["time_step_s"].sum()),
         **{f"{c}_median": float(measured[c].median()) for c in TIMES},
         time_transition_s_p90=float(measured["time_transition_s"].quantile(0.9)),
         wall_time_s=float(df["time_step_s"].sum()),
         reward_first10=first,
         reward_last10=last,
         reward_gain=last - first,
+        task_accuracy_first10=acc_first,
+        task_accuracy_last10=acc_last,
     )
     return row
 
