@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import atomic_path
+from harness.io import atomic_path, read_json_object
 from harness.metrics import read_metrics
 
 SCHEMA_VERSION = 1
@@ -76,18 +76,6 @@ def reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
             "reward": [round(float(smooth.iloc[i]), 5) for i in idx]}
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"{path}: missing (the run directory has no manifest)") from None
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise HarnessError(f"{path}: expected a JSON object")
-    return data
-
-
 def pipeline_rows(results_dir: str | Path) -> list[dict]:
     """History rows of the pipeline run whose outputs are in `results_dir` (summary, manifests, metrics)."""
     results_dir = Path(results_dir)
@@ -107,7 +95,7 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
     rows = []
     for r in summary.to_dict("records"):
         manifest_path = results_dir / "runs" / r["framework"] / f"seed{r['seed']}" / "manifest.json"
-        manifest = _read_json(manifest_path)
+        manifest = read_json_object(manifest_path, "manifest", " (the run directory has no manifest)")
         digest.update(manifest_path.read_bytes())
         for key in ("profile", "config_hash", "config", "hardware", "created"):
             if key not in manifest:

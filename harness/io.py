@@ -41,6 +41,19 @@ def write_json(dest: str | os.PathLike, obj) -> None:
     write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def read_json_object(path: str | os.PathLike, what: str, missing_hint: str = "") -> dict:
+    """The JSON object in `path`; HarnessError naming the file and what it should have been otherwise."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise HarnessError(f"{path}: {what} not found{missing_hint}") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HarnessError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise HarnessError(f"{path}: {what} should be a JSON object, not {type(data).__name__}")
+    return data
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

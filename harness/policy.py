@@ -93,22 +93,31 @@ def encode_pairs(tokenizer, prompts: list[str], completions: list[str]):
     return input_ids, attention_mask, target_mask
 
 
+def fit(model, rows: list, *, steps: int, batch_size: int, lr: float, seed: int, loss) -> list[float]:
+    """AdamW over `steps` random batches of `rows`, minimising `loss(batch)`; returns the loss per step."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        value = loss(rng.sample(rows, min(batch_size, len(rows))))
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        losses.append(value.item())
+    return losses
+
+
 def supervised_warm_start(model, tokenizer, train_rows: list[dict], sft: dict) -> list[float]:
     """A short SFT phase on the train split (loss on answer tokens only); returns the loss per step."""
     seed_everything(sft["seed"])
-    rng = random.Random(sft["seed"])
-    opt = torch.optim.AdamW(model.parameters(), lr=sft["lr"])
-    model.train()
-    losses = []
-    for _ in range(sft["steps"]):
-        batch = rng.sample(train_rows, min(sft["batch_size"], len(train_rows)))
+
+    def answer_nll(batch):
         ids, attn, target = encode_pairs(tokenizer, [r["prompt"] for r in batch], [r["answer"] for r in batch])
-        loss = -(token_logprobs(model, ids, attn) * target).sum() / target.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+        return -(token_logprobs(model, ids, attn) * target).sum() / target.sum()
+
+    return fit(model, train_rows, steps=sft["steps"], batch_size=sft["batch_size"], lr=sft["lr"], seed=sft["seed"],
+               loss=answer_nll)
 
 
 def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) -> dict:

@@ -10,8 +10,8 @@ The method (docs/regression.md explains it for users):
   minus the rolling median of that seed's neighbouring runs, median over seeds, then 1.4826 x MAD of those
   residuals. Rolling medians and MAD let an earlier regression or a freak run neither hide nor fake noise.
 - A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
-  and by more than any past run deviated (heavy tails), in this run or on average over this and the previous run
-  (persistence). With fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
+  and by more than any past run deviated (heavy tails), in this run or on average over this and up to
+  PERSISTENCE - 1 previous runs, all worse (persistence: a lasting small drop is caught on a later night). With fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
 import warnings
 from pathlib import Path
@@ -35,12 +34,13 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.history import HISTORY_DIR, SCHEMA_VERSION, pipeline_rows, read_history, series_key
-from harness.io import write_json, write_text
+from harness.io import read_json_object, write_json, write_text
 
 Z_CRIT = 3.0
 MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
+PERSISTENCE = 3  # runs (this one and the previous ones) whose mean change may confirm a drop
 MAD_TO_SIGMA = 1.4826
 REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
@@ -86,21 +86,9 @@ def time_to_reward(curve: dict, target: float) -> float | None:
 
 # ---------------------------------------------------------------- baselines
 
-def _load_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"{path}: {what} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HarnessError(f"{path}: {what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise HarnessError(f"{path}: {what} should be a JSON object")
-    return data
-
-
 def load_baseline(path: str | Path) -> dict:
     path = Path(path)
-    base = _load_json(path, "baseline")
+    base = read_json_object(path, "baseline")
     for key in ("schema", "profile", "hardware", "frameworks"):
         if key not in base:
             raise HarnessError(f"{path}: not a baseline (no {key!r}; write one with `remax-bench baseline update`)")
@@ -251,6 +239,18 @@ def noise_level(table: pd.DataFrame) -> tuple[float, int]:
     return float(MAD_TO_SIGMA * np.median(np.abs(r - np.median(r)))), len(r)
 
 
+def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
+    """(noise, how many run residuals it rests on, the widest past deviation) of a history with no known change.
+
+    The widest deviation matters on a shared machine: noise has heavy tails that a MAD from a few runs
+    underestimates, so a change must also beat what the series has already shown."""
+    if not len(history):
+        return float("nan"), 0, float("nan")
+    sigma, n = noise_level(history)
+    resid = run_residuals(history)
+    return sigma, n, float(np.max(np.abs(resid - np.median(resid)))) if len(resid) else float("nan")
+
+
 def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
     records = [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "seed": r["seed"],
                 "value": metric.transform(v)} for r in rows if (v := values(r)) is not None and
@@ -263,21 +263,17 @@ def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
 
 
 def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
-           history: pd.DataFrame, previous: dict[int, float | None] | None = None) -> dict:
+           history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None) -> dict:
     """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
 
-    `current`, `previous` (the last run in the history): seed -> value; `baseline`: seed -> values over its runs;
-    `history`: past runs x seeds of transformed values (for the noise).
+    `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
+    `baseline`: seed -> values over its runs; `history`: past runs x seeds of transformed values (for the noise).
     """
     tr = metric.transform
     base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
     seeds = sorted(s for s in current if s in base_ref)
     n_history = int(len(history))
-    sigma, n_resid = noise_level(history) if n_history else (float("nan"), 0)
-    resid = run_residuals(history) if n_history else np.array([])
-    # The widest no-change deviation the history holds: on a shared machine noise has heavy tails that a
-    # MAD from a few runs underestimates, so a change must also beat what the series has already shown.
-    largest = float(np.max(np.abs(resid - np.median(resid)))) if len(resid) else float("nan")
+    sigma, n_resid, largest = null_of(history)
     n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
     unit = "%" if metric.log_scale else ""
     out = {"metric": metric.name, "label": metric.label, "class": metric.kind,
@@ -285,9 +281,9 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
            "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
                                  f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more than "
-                                 "any past run deviated, in this run or on average over this and the previous run "
-                                 "(same direction in both)"),
-                        "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_two_runs": None,
+                                 f"any past run deviated, in this run or on average over this and up to {PERSISTENCE - 1} "
+                                 "previous runs (all worse)"),
+                        "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
                         "per_seed_change": {}}}
@@ -318,19 +314,36 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     sigma = max(sigma, 1e-12)  # a deterministic metric (a reward with fixed seeds) has no noise: the effect decides
     z = worse / sigma
     out["evidence"]["z"] = z
-    before, _ = worse_of(previous) if previous else (None, {})
-    z2 = None if before is None else (worse + before) / 2 / (sigma / math.sqrt(2))
-    out["evidence"]["z_two_runs"] = z2
+    changes = [worse]  # this run's, then the previous runs' while they have a value
+    for values in (previous or [])[:PERSISTENCE - 1]:
+        before, _ = worse_of(values)
+        if before is None:
+            break
+        changes.append(before)
+    # The mean of m runs' changes is judged against the history before the m - 1 previous runs it includes (they
+    # are under test, not the null). Averaging shrinks the runs' own noise by m but not the baseline's, which all
+    # m changes share: with a baseline median of n runs holding c = (pi / 2) / n of a run's variance, the mean's
+    # noise is sigma * sqrt((1/m + c) / (1 + c)); the widest past deviation it must beat shrinks alike.
+    share = (math.pi / 2) / max(n_base_runs, 1)
+    nulls = {1: (sigma, n_resid, largest)}
+    nulls.update({m: null_of(history.iloc[:n_history - (m - 1)]) for m in range(2, len(changes) + 1)})
+    shrink = {m: math.sqrt((1 / m + share) / (1 + share)) for m in nulls}
+    z_runs = {m: float(np.mean(changes[:m])) / (max(nulls[m][0], 1e-12) * shrink[m])
+              for m in range(2, len(changes) + 1) if nulls[m][1] >= MIN_HISTORY}
+    out["evidence"]["z_runs"] = {str(m): zz for m, zz in z_runs.items()}
 
-    def decided(w, zz, w_prev=None):
-        beyond = largest / (1 if w_prev is None else math.sqrt(2))
-        return w >= metric.min_effect and zz >= Z_CRIT and w > beyond and (w_prev is None or w_prev > 0 < w)
+    def decided(ws: list[float]) -> bool:
+        mean, m = float(np.mean(ws)), len(ws)
+        s_m, n_m, largest_m = nulls[m]
+        return (n_m >= MIN_HISTORY and mean >= metric.min_effect and mean / (max(s_m, 1e-12) * shrink[m]) >= Z_CRIT
+                and mean > largest_m * shrink[m] and all(w > 0 for w in ws))
 
-    if decided(worse, z):
+    persisted = next((m for m in range(2, len(changes) + 1) if decided(changes[:m])), None)
+    if decided([worse]):
         out["status"] = "regression"
-    elif z2 is not None and decided((worse + before) / 2, z2, before):
-        out.update(status="regression", reason="persisted over this and the previous run")
-    elif decided(-worse, -z):
+    elif persisted:
+        out.update(status="regression", reason=f"persisted over the last {persisted} runs (mean z {z_runs[persisted]:+.1f})")
+    elif decided([-worse]):
         out["status"] = "improved"
     else:
         out["status"] = "ok"
@@ -376,7 +389,8 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     checks = []
     for m in METRICS:
         rows = quiet if m.timed else series
-        last_run = next((r["pipeline_run"] for r in reversed(history) if r in rows), None)
+        # The latest runs of the series before this one, most recent first (quiet ones only for timed metrics).
+        recent = list(dict.fromkeys(r["pipeline_run"] for r in reversed(history) if r in rows))[:PERSISTENCE - 1]
         baseline = {}
         for r in base["runs"]:
             v = extract[m.name](r)
@@ -386,9 +400,9 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         current = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in current.items()}
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
-        previous = {r["seed"]: extract[m.name](r) for r in history if r["pipeline_run"] == last_run}
-        previous = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in previous.items()}
-        result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous or None)
+        previous = [{r["seed"]: v if (v := extract[m.name](r)) is None or not m.log_scale or v > 0 else None
+                     for r in history if r["pipeline_run"] == run} for run in recent]
+        result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous)
         if m.timed and now_contended:
             result.update(status="contended", reason=f"{now_contended}; timings not judged: rerun on a quiet machine")
         checks.append({"framework": fw, **result})
@@ -430,7 +444,8 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "noise": "1.4826 x MAD of run residuals "
+            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,
+                       "noise": "1.4826 x MAD of run residuals "
                        f"around a rolling median of {2 * NEIGHBOURS} neighbouring runs, median over seeds"},
             "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
 
@@ -488,8 +503,8 @@ def render_markdown(result: dict) -> str:
               "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
               f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
-              "(in this run, or on average over this and the previous run); with fewer than "
-              f"{MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, all worse); with "
+              f"fewer than {MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
     return "\n".join(lines)
 
 

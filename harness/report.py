@@ -27,7 +27,7 @@ import yaml  # noqa: E402
 
 from harness import HarnessError  # noqa: E402
 from harness.config import validate_config  # noqa: E402
-from harness.io import atomic_path, write_text  # noqa: E402
+from harness.io import atomic_path, read_json_object, write_text  # noqa: E402
 from harness.metrics import read_metrics  # noqa: E402
 from harness.summarize import by_framework, edge_means, read_eval, summarize_run  # noqa: E402
 
@@ -97,12 +97,7 @@ def _adapter(name: str):
 
 def load_config(results: Path) -> dict:
     path = results / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"{path}: no effective config (run the pipeline's freeze_config step first)") from None
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{path}: not valid JSON ({e})") from None
+    config = read_json_object(path, "effective config", " (run the pipeline's freeze_config step first)")
     for key in ("frameworks", "seeds", "remax", "launch"):
         if key not in config:
             raise HarnessError(f"{path}: lacks key {key!r} (freeze the config again with this version)")

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from harness import HarnessError
 from harness.io import atomic_path
-from harness.policy import seed_everything
+from harness.policy import fit, seed_everything
 
 # How a wrong answer is made from the right one: the mistakes a small arithmetic policy makes.
 CORRUPTIONS = ("digit", "swap", "drop", "extra", "random")
@@ -204,17 +204,9 @@ def train_reward_model(dataset: dict[str, list[dict]], policy_dir: str | Path, t
         preference_pairs(rows, train["pairs_per_prompt"], seed)
         + policy_mistakes(policy_dir, rows, train["policy_samples_per_prompt"], max_new_tokens, seed)
         for rows, seed in ((dataset["train"], train["seed"]), (dataset["eval"], train["seed"] + 1)))
-    rng = random.Random(train["seed"])
-    opt = torch.optim.AdamW(model.parameters(), lr=train["lr"])
-    model.train()
-    losses = []
-    for _ in range(train["steps"]):
-        batch = rng.sample(train_pairs, min(train["batch_size"], len(train_pairs)))
-        loss = -torch.nn.functional.logsigmoid(_pair_margins(model, tokenizer, batch, len(batch))).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = fit(model, train_pairs, steps=train["steps"], batch_size=train["batch_size"], lr=train["lr"],
+                 seed=train["seed"], loss=lambda batch: -torch.nn.functional.logsigmoid(
+                     _pair_margins(model, tokenizer, batch, len(batch))).mean())
     held_out = pair_accuracy(model, tokenizer, eval_pairs)
     with atomic_path(dest) as tmp:
         model.save_pretrained(tmp)

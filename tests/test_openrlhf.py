@@ -201,15 +201,7 @@ def test_launch_serves_the_reward_for_the_job_and_stops_it(a100x8, tmp_path, mon
     """launch.sh with a stand-in for the GPU environment's python (vLLM and CUDA cannot exist here): the stand-in
     job reaches the real reward server started and health-checked by launch.sh; the server is gone afterwards,
     whether the job succeeded or failed."""
-    env_bin = tmp_path / "envs" / "openrlhf" / "bin"
-    env_bin.mkdir(parents=True)
-    (tmp_path / "job.py").write_text(STAND_IN_JOB)
-    (env_bin / "python3").write_text(f'#!/usr/bin/env bash\ncase "$1" in\n  *remax_patch.py) exit 0 ;;\n'
-                                     f'  -m) [ "$2" = openrlhf.cli.train_ppo_ray ] || exit 9; shift 2\n'
-                                     f'      exec {shlex.quote(sys.executable)} {tmp_path / "job.py"} "$@" ;;\n'
-                                     f'esac\nexit 9\n')
-    (env_bin / "python3").chmod(0o755)
-    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "envs")
+    _stand_in_env(tmp_path, monkeypatch)
     config = json.loads(json.dumps(a100x8["config"]))
     port = _free_port()
     config["openrlhf"]["reward_port"] = port

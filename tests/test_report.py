@@ -261,7 +261,7 @@ def test_time_to_reward_fraction_is_in_the_schema():
 
 def test_cli_without_a_frozen_config_exits_2_naming_the_file(tmp_path):
     proc = run_cli("report", tmp_path, "--out", tmp_path / "report")
-    assert proc.returncode == 2 and f"{tmp_path / 'config.json'}: no effective config" in proc.stderr
+    assert proc.returncode == 2 and f"{tmp_path / 'config.json'}: effective config not found" in proc.stderr
     assert not (tmp_path / "report").exists()
 
 

@@ -157,7 +157,7 @@ def test_console_lines_with_or_without_a_ray_prefix(tmp_path, prefix):
 
 def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     shutil.copy(RUN / "console.log", tmp_path / "console.log")
-    with pytest.raises(HarnessError, match="plan.json: not found"):
+    with pytest.raises(HarnessError, match="no plan.json beside it"):
         vr.ingest([tmp_path / "console.log"], None)
     (tmp_path / "plan.json").write_text(json.dumps({"framework": "openrlhf", "framework_version": "x", "run_id": "r",
                                                     "seed": 1, "n_gpus": 8}))

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from harness import HarnessError
+from harness.io import read_json_object
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,25 @@ def get_adapter(name: str) -> Adapter:
         return _REGISTRY[name]
     except KeyError:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
+
+
+IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
+
+
+def run_plan(log: Path, framework: str) -> dict:
+    """The plan.json beside a real framework's log (harness.launch copies it into the run directory): the run's
+    identity (IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
+    path = Path(log).parent / "plan.json"
+    if not path.is_file():
+        raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
+                           "comes from the plan that harness.launch copies into the run directory")
+    plan = read_json_object(path, "plan")
+    missing = [k for k in IDENTITY if k not in plan]
+    if missing:
+        raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)})")
+    if plan["framework"] != framework:
+        raise HarnessError(f"{path}: planned for framework {plan['framework']!r}, not {framework!r}")
+    return plan
 
 
 from harness.frameworks import dschat, openrlhf, reference, verl  # noqa: E402,F401  (each registers itself)

@@ -34,7 +34,7 @@ import pandas as pd
 
 from harness import HarnessError, metrics
 from harness.envs import REPO, env_command, ensure_env
-from harness.frameworks import Adapter, dschat_launcher, register_framework, reward_serving
+from harness.frameworks import IDENTITY, Adapter, dschat_launcher, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -481,18 +481,6 @@ def _is_json_lines(path: Path) -> bool:
     return first.lstrip().startswith("{")
 
 
-def _identity(path: Path) -> dict:
-    plan_file = path.parent / "plan.json"
-    if not plan_file.is_file():
-        raise HarnessError(f"{path}: no plan.json beside it (a run directory has one; identity comes from it)")
-    try:
-        p = json.loads(plan_file.read_text())
-        return {k: p[k] for k in ("framework", "framework_version", "run_id", "seed")} | {"n_gpus": p.get("n_gpus")}
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise HarnessError(f"{plan_file}: not a plan.json with framework, framework_version, run_id, seed ({e})") \
-            from None
-
-
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     """The launcher's JSON lines (measured) with DeepSpeed-Chat's printed figure beside them; printed lines alone
     give estimated rows (`tokens_estimated`). Logs of one run directory belong together (same plan.json)."""
@@ -503,7 +491,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         (entry["json"] if _is_json_lines(path) else entry["printed"]).append(path)
     frames = []
     for run, entry in by_run.items():
-        ident = _identity(entry["paths"][0])
+        ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in IDENTITY}
         planned_gpus = ident.pop("n_gpus")
         gpus = n_gpus if n_gpus is not None else planned_gpus or 0
         printed = [b for p in entry["printed"] for b in parse_printed(p)]

@@ -34,7 +34,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness import HarnessError, envs, metrics, task
-from harness.frameworks import Adapter, register_framework, reward_serving
+from harness.frameworks import Adapter, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -221,20 +221,6 @@ def _literal(text: str):
         return {k: math.nan if v is None else v for k, v in value.items()} if isinstance(value, dict) else value
 
 
-def _plan_of(log: Path) -> dict:
-    path = log.parent / "plan.json"
-    try:
-        found = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"{log}: no plan.json beside it ({path}); launch.sh copies it into the run directory, "
-                           "and the run's identity (run_id, seed, version) comes from it") from None
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{path}: not valid JSON ({e})") from None
-    if found.get("framework") != NAME:
-        raise HarnessError(f"{path}: a plan for {found.get('framework')!r}, not {NAME!r}")
-    return found
-
-
 def _samples_per_prompt(plan_: dict, path: Path) -> int:
     for h in plan_.get("hyperparameters", []):
         if h.get("key") == "remax.rollout_n":
@@ -270,7 +256,7 @@ def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> d
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     rows = []
     for path in map(Path, logs):
-        plan_ = _plan_of(path)
+        plan_ = run_plan(path, NAME)
         identity = {k: plan_[k] for k in ("framework", "framework_version", "run_id", "seed")}
         gpus = plan_["n_gpus"] if n_gpus is None else n_gpus
         per_prompt = _samples_per_prompt(plan_, path)

@@ -51,7 +51,7 @@ import torch
 from harness import HarnessError, metrics, task
 from harness.conformance import CASES, reference_advantages, require_baselines
 from harness.envs import REPO, env_check, env_command, ensure_env
-from harness.frameworks import Adapter, register_framework, reward_serving
+from harness.frameworks import IDENTITY, Adapter, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -292,20 +292,8 @@ def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
 
 
 def _identity(log: Path, n_gpus: int | None) -> dict:
-    plan_path = log.parent / "plan.json"
-    try:
-        plan_json = json.loads(plan_path.read_text())
-        ident = {k: plan_json[k] for k in ("framework_version", "run_id", "seed", "n_gpus")}
-    except FileNotFoundError:
-        raise HarnessError(f"{plan_path}: not found; the run's identity comes from the plan.json that "
-                           f"harness.launch copies beside {log.name}") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise HarnessError(f"{plan_path}: not a verl plan.json ({e})") from None
-    if plan_json.get("framework") != NAME:
-        raise HarnessError(f"{plan_path}: planned for framework {plan_json.get('framework')!r}, not {NAME!r}")
-    if n_gpus is not None:
-        ident["n_gpus"] = n_gpus
-    return {"framework": NAME, **ident}
+    ident = {k: v for k, v in run_plan(log, NAME).items() if k in IDENTITY}
+    return ident if n_gpus is None else {**ident, "n_gpus": n_gpus}
 
 
 def _step_row(step: int, data: dict, where: str, ident: dict) -> dict:
