@@ -137,7 +137,7 @@ def test_cli_append_and_bad_inputs(tmp_path):
     results = make_results(tmp_path / "results")
     os.remove(results / "runs" / "reference" / "seed2" / "manifest.json")
     proc = run_cli("history", "append", "--results", results)
-    assert proc.returncode == 2 and f"{results}/runs/reference/seed2/manifest.json: missing" in proc.stderr
+    assert proc.returncode == 2 and f"{results}/runs/reference/seed2/manifest.json: manifest not found (the run directory has no manifest)" in proc.stderr
     assert not (results / HISTORY_DIR).exists()
 
     results = make_results(tmp_path / "ok" / "results")
