@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from harness import HarnessError, task
-from harness.io import atomic_path, record_hash, sha256_tree, verify_hash, write_json
+from harness.io import atomic_path, read_json_object, record_hash, sha256_tree, verify_hash, write_json
 from harness.policy import make_policy
 from harness.shared_reward import rule_identity
 
@@ -81,11 +80,8 @@ def resolve_reward(inputs_dir: Path) -> dict:
     """{"kind", "path", "sha256"} of the shared reward: for a model, its checkpoint and the checkpoint's sha256."""
     verify_hash(inputs_dir / REWARD)
     record_path = inputs_dir / REWARD / REWARD_RECORD
-    try:
-        record = json.loads(record_path.read_text())
-        kind = record["kind"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise HarnessError(f"{record_path}: not a shared-reward record ({e})") from None
+    record = read_json_object(record_path, "shared-reward record")
+    kind = record.get("kind")
     if kind == "rule":
         identity = rule_identity()  # the rule's source as it is now: a run scores with the code it imports
         return {"kind": "rule", "path": identity["reward"], "sha256": identity["sha256"]}

@@ -11,7 +11,8 @@ The method (docs/regression.md explains it for users):
   residuals. Rolling medians and MAD let an earlier regression or a freak run neither hide nor fake noise.
 - A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
   and by more than any past run deviated (heavy tails), in this run or on average over this and up to
-  PERSISTENCE - 1 previous runs, all worse (persistence: a lasting small drop is caught on a later night). With fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
+  PERSISTENCE - 1 previous runs, all worse (persistence: a lasting small drop is caught on a later night). With
+  fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
@@ -233,10 +234,7 @@ def run_residuals(table: pd.DataFrame) -> np.ndarray:
 
 def noise_level(table: pd.DataFrame) -> tuple[float, int]:
     """Robust run-to-run noise (1.4826 x MAD of the run residuals) and how many runs it rests on."""
-    r = run_residuals(table)
-    if not len(r):
-        return float("nan"), 0
-    return float(MAD_TO_SIGMA * np.median(np.abs(r - np.median(r)))), len(r)
+    return null_of(table)[:2]
 
 
 def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
@@ -244,11 +242,11 @@ def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
 
     The widest deviation matters on a shared machine: noise has heavy tails that a MAD from a few runs
     underestimates, so a change must also beat what the series has already shown."""
-    if not len(history):
+    r = run_residuals(history) if len(history) else np.array([])
+    if not len(r):
         return float("nan"), 0, float("nan")
-    sigma, n = noise_level(history)
-    resid = run_residuals(history)
-    return sigma, n, float(np.max(np.abs(resid - np.median(resid)))) if len(resid) else float("nan")
+    spread = np.abs(r - np.median(r))
+    return float(MAD_TO_SIGMA * np.median(spread)), len(r), float(np.max(spread))
 
 
 def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
@@ -280,9 +278,9 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
            "baseline": float(np.median([v for vs in baseline.values() for v in vs])) if baseline else None,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
            "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
-                                 f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more than "
-                                 f"any past run deviated, in this run or on average over this and up to {PERSISTENCE - 1} "
-                                 "previous runs (all worse)"),
+                                 f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more "
+                                 "than any past run deviated, in this run or on average over this and up to "
+                                 f"{PERSISTENCE - 1} previous runs (all worse)"),
                         "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
@@ -342,7 +340,8 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     if decided([worse]):
         out["status"] = "regression"
     elif persisted:
-        out.update(status="regression", reason=f"persisted over the last {persisted} runs (mean z {z_runs[persisted]:+.1f})")
+        out.update(status="regression",
+                   reason=f"persisted over the last {persisted} runs (mean z {z_runs[persisted]:+.1f})")
     elif decided([-worse]):
         out["status"] = "improved"
     else:
