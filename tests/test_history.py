@@ -22,11 +22,12 @@ from harness.summarize import summarize
 def make_results(results: Path, *, throughput: float | dict = 1000.0, transition_s: float = 0.001,
                  seeds=(1, 2, 3), created: str = "2026-01-01T00:00:00+00:00", config: dict | None = None,
                  noise: float = 0.0, rng=None, steps: int = 20, learning_rate: float = 0.05,
-                 contention: float | None = None, foreign_load: float = 0.0) -> Path:
+                 contention: float | None = None, foreign_load: float = 0.0, probe_s: float | None = None) -> Path:
     """A results directory as the pipeline leaves it (summary.csv, runs/*/manifest.json, metrics/*.parquet),
     written by the harness's own code from per-step records with the given speed; only the numbers are chosen.
     With `contention` (wall / CPU time) the steps also carry CPU time and the machine's busy time, as the CPU
-    backend records them, with `foreign_load` cores of other work beside the run."""
+    backend records them, with `foreign_load` cores of other work beside the run; with `probe_s` the steps carry
+    the machine-speed probe's time, as the CPU backend records it after each step."""
     rng = rng or np.random.default_rng(0)
     config = config or load_config(REPO / "workflows" / "config" / "cpu.yaml")
     config = validate_config({**config, "remax": {**config["remax"], "steps": steps, "warmup_steps": 2}})
@@ -45,6 +46,9 @@ def make_results(results: Path, *, throughput: float | dict = 1000.0, transition
             for r in rows:
                 r["time_step_cpu_s"] = r["time_step_s"] / contention
                 r["time_machine_busy_s"] = r["time_step_cpu_s"] + foreign_load * r["time_step_s"]
+        if probe_s is not None:
+            for r in rows:
+                r["time_probe_s"] = probe_s
         path = results / "metrics" / "reference" / f"seed{seed}.parquet"
         write_metrics(to_frame(rows, "synthetic"), path)
         files.append(path)

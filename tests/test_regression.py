@@ -188,7 +188,8 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
         pid = f"{day:016x}"
         for r in real:
             level = 1.5 * math.exp(0.01 * rng.standard_normal())
-            metrics = {**r["metrics"], "throughput_tok_s": r["metrics"]["throughput_tok_s"] * level}
+            metrics = {**r["metrics"], **{k: r["metrics"][k] * level for k in
+                                          ("throughput_tok_s", "throughput_tok_cpu_s", "throughput_tok_cal")}}
             past.append({**r, "pipeline_run": pid, "pipeline_time": f"2026-01-{day:02d}T00:00:00+00:00",
                          "metrics": metrics})
     (work / "results" / HISTORY_DIR / "20260101T000000Z-past.jsonl").write_text(
@@ -202,6 +203,35 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     md = (work / "results" / "alerts.md").read_text()
     assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
     assert len(list((work / "results" / HISTORY_DIR).glob("*.jsonl"))) == 2  # appended once, not again
+
+
+def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_probe_unit_throughput(tmp_path):
+    results = nights(tmp_path / "results", 10, contention=1.0, probe_s=0.001)
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline).returncode == 0
+
+    # The whole machine 10% slower: the probe took 10% longer beside every step, and so did the steps.
+    make_results(results, throughput=900.0, contention=1.0, probe_s=0.001 / 0.9, noise=0.01,
+                 rng=np.random.default_rng(5), created="2026-01-11T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    by_metric = {c["metric"]: c for c in alerts["checks"]}
+    assert alerts["status"] == "ok" and by_metric["throughput_tok_cal"]["status"] == "ok"
+    assert by_metric["throughput_tok_s"]["class"] == "context" and by_metric["throughput_tok_s"]["status"] == "regression"
+    assert [a["metric"] for a in alerts["advisories"]] == ["time_probe_s_median"]
+    md = (results / "alerts.md").read_text()
+    assert "## Context (raw throughput" in md and "machine speed probe" in md
+    append(results)
+
+    # The machine as usual, the run's own work 10% slower: the probe-unit throughput alerts.
+    make_results(results, throughput=900.0, contention=1.0, probe_s=0.001, noise=0.01,
+                 rng=np.random.default_rng(6), created="2026-01-12T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    assert [a["metric"] for a in alerts["alerts"]] == ["throughput_tok_cal"]
+    assert alerts["alerts"][0]["change"] < -8 and alerts["advisories"] == []
 
 
 def test_a_run_that_waited_for_the_cpu_is_not_judged_and_a_quiet_slowdown_alerts_on_cpu_time_too(tmp_path):

@@ -47,6 +47,10 @@ class _Clock:
 
     def __init__(self, device: torch.device):
         self.device = device
+        # The probe's operands: fixed, and drawn from their own generator so the run's random stream is untouched.
+        g = torch.Generator().manual_seed(0)
+        self._probe_x = torch.randn(64, 64, generator=g)
+        self._probe_w = (torch.randn(64, 256, generator=g) / 8, torch.randn(256, 64, generator=g) / 16)
 
     def now(self) -> float:
         if self.device.type == "cuda":
@@ -69,6 +73,24 @@ class _Clock:
             return None
         user, nice, system, idle, iowait, irq, softirq, steal = ticks
         return (user + nice + system + irq + softirq + steal) / _TICKS_PER_S
+
+    def probe(self) -> float | None:
+        """Seconds a fixed, small torch workload takes right now, on the run's own threads (CPU; None on CUDA).
+
+        A shared or virtual CPU runs faster or slower from minute to minute (frequency, other tenants' cache and
+        memory traffic), and that drift is most of the run-to-run noise of a throughput figure. Timed after every
+        step, outside the step, the probe feels the same drift: throughput in probe units cancels much of it,
+        while a slowdown in the run's own code leaves the probe as it was. Its shapes are those of a small
+        transformer block, like the CPU profiles' policy; it does not use the policy, so a slower model or
+        training loop cannot slow the probe with it."""
+        if self.device.type == "cuda":
+            return None
+        x = self._probe_x
+        t0 = time.perf_counter()
+        for _ in range(8):
+            h = torch.nn.functional.gelu(x @ self._probe_w[0])
+            x = torch.softmax(torch.nn.functional.layer_norm(x + h @ self._probe_w[1], (64,)), -1)
+        return time.perf_counter() - t0
 
 
 def _generate(model, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
@@ -215,6 +237,7 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
     if slowdown:  # lands in the step's "other" time, not in any phase
         _busy_wait(slowdown * (t_synced - t_start))
     t_end, cpu_end, busy_end = clock.now(), clock.cpu_now(), clock.machine_busy()
+    probe = clock.probe()
 
     response_tokens = mask.sum().item()
     return {
@@ -222,6 +245,7 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
         "time_step_s": t_end - t_start,
         "time_step_cpu_s": None if cpu_start is None else cpu_end - cpu_start,
         "time_machine_busy_s": None if busy_start is None or busy_end is None else busy_end - busy_start,
+        "time_probe_s": probe,
         "time_gen_s": t_gen - t_start,
         "time_train_s": t_transition - t_train,
         "time_transition_s": t_synced - t_transition,
