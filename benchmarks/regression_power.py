@@ -17,7 +17,10 @@ runs plus the next nights goes through the same code as `remax-bench check` (har
 no change (false alarms) and with the nights' throughput multiplied by 0.95, each slow night joining the history
 the next is judged against (detection by night 1, 2, ... PERSISTENCE). It prints the rates for 1 to 3 seeds and
 several history lengths, and exits 1 when no row meets the targets (<= 1% false alarms and >= 95% detection of a
-lasting 5% drop by night PERSISTENCE). Contended runs are left out first, as the check leaves them out.
+lasting 5% drop by night PERSISTENCE). Contended runs are left out first, as the check leaves them out. The
+metrics that alert are the check's: where the data has the machine-speed probe, the throughput adjusted by it
+(its sensitivity fitted on each synthetic history, as the check fits it) alone stands for throughput; a slower
+step slows the throughput by the drop, and the probe, timed outside the step, stays as it was.
 """
 
 from __future__ import annotations
@@ -38,9 +41,9 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_RUNS = 5  # what `remax-bench baseline update` takes by default
-THROUGHPUT = ("throughput_tok_s", "throughput_tok_cpu_s", "throughput_tok_cal")
+THROUGHPUT = ("throughput_tok_s", "throughput_tok_cpu_s")
 FIELDS = ["pipeline", "started_utc", "load1", "framework", "seed", "run_id", "config_hash", "inject_slowdown",
-          "throughput_tok_s", "throughput_tok_cpu_s", "throughput_tok_cal", "time_probe_s_median", "cpu_contention", "cpu_foreign_load", "time_step_s_median",
+          "throughput_tok_s", "throughput_tok_cpu_s", "time_probe_s_median", "cpu_contention", "cpu_foreign_load", "time_step_s_median",
           "time_transition_s_median", "time_transition_s_p90",
           "reward_last10", "reward_gain"]
 
@@ -99,11 +102,12 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
              trials: int, rng) -> dict:
     """Rates over `trials` synthetic series: any alert on a night with no change (false alarm), and a throughput
     alert by each of the first PERSISTENCE nights of a lasting `drop` (fraction, e.g. 0.05)."""
-    from harness.regression import METRICS, PERSISTENCE, assess
+    from harness.regression import ADJUSTED, METRICS, PERSISTENCE, PROBE, adjust_for_machine, assess, machine_sensitivity
 
-    # As the check does: a figure with a better-controlled one beside it (raw throughput beside the probe-unit one)
-    # is context, not an alert.
-    metrics = [m for m in METRICS if m.kind == "alert" and m.name in ratios and m.defer_to not in ratios]
+    measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
+    # As the check does: a figure with a better-controlled one beside it (raw throughput beside the one adjusted
+    # for the machine's speed) is context, not an alert.
+    metrics = [m for m in METRICS if m.kind == "alert" and m.name in measured and m.defer_to not in measured]
     n_runs = len(next(iter(ratios.values())))
     nights = PERSISTENCE
     counts = {"false_alarm": 0, **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
@@ -111,29 +115,35 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     def recent(rows: np.ndarray) -> list[dict]:  # the last runs of a history, most recent first, as check passes them
         return [dict(enumerate(r)) for r in rows[::-1][:PERSISTENCE - 1]]
 
+    def values(name: str, raw: dict[str, np.ndarray], n_past: int) -> np.ndarray:
+        """A metric's values over the drawn runs; the adjusted throughput fitted on the first n_past, as check fits
+        it on the history, and brought to the probe time of the baseline (the last BASELINE_RUNS of history)."""
+        if name != ADJUSTED:
+            return raw[name]
+        t, p = raw["throughput_tok_s"], raw[PROBE]
+        theta, _, _ = machine_sensitivity(pd.DataFrame(np.log(t[:n_past])), pd.DataFrame(np.log(p[:n_past])))
+        return adjust_for_machine(t, p, theta, float(np.median(p[history - BASELINE_RUNS:history])))
+
+    def judged(m, raw: dict[str, np.ndarray], night: int) -> bool:
+        vals = values(m.name, raw, night)
+        past = vals[:night]
+        baseline = {s: list(vals[history - BASELINE_RUNS:history, s]) for s in range(vals.shape[1])}
+        return assess(m, dict(enumerate(vals[night])), baseline, pd.DataFrame(np.log(past)),
+                      recent(past))["status"] == "regression"
+
     for _ in range(trials):
         # Whole runs without replacement while the pool allows: a run drawn twice would sit next to itself and
         # shrink the noise estimate, an artefact no real series has.
         n = history + nights
         draws = rng.permutation(n_runs)[:n] if n <= n_runs else rng.integers(n_runs, size=n)
-        alarm, detected = False, nights + 1
-        for m in metrics:
-            vals = _series(ratios[m.name], levels[m.name], draws)
-            past, new = vals[:history], vals[history:]
-            baseline = {s: list(past[-BASELINE_RUNS:, s]) for s in range(vals.shape[1])}
-            alarm |= assess(m, dict(enumerate(new[0])), baseline, pd.DataFrame(np.log(past)),
-                            recent(past))["status"] == "regression"
-            if m.name not in THROUGHPUT:
-                continue
-            # A slower step lowers every throughput figure alike; any throughput alert detects it. Each slow night
-            # joins the history the next night is judged against.
-            slowed = new * (1 - drop)
-            for k in range(nights):
-                seen = np.vstack([past, slowed[:k]])
-                if assess(m, dict(enumerate(slowed[k])), baseline, pd.DataFrame(np.log(seen)),
-                          recent(seen))["status"] == "regression":
-                    detected = min(detected, k + 1)
-                    break
+        raw = {name: _series(ratios[name], levels[name], draws) for name in ratios}
+        # A slower step lowers every throughput figure alike; the probe, timed outside the step, stays. Each slow
+        # night joins the history the next night is judged against.
+        slowed = {name: np.vstack([v[:history], v[history:] * (1 - drop)]) if name in THROUGHPUT else v
+                  for name, v in raw.items()}
+        alarm = any(judged(m, raw, history) for m in metrics)
+        detected = next((k + 1 for k in range(nights) for m in metrics
+                         if m.name in THROUGHPUT + (ADJUSTED,) and judged(m, slowed, history + k)), nights + 1)
         counts["false_alarm"] += alarm
         for k in range(1, nights + 1):
             counts[f"detected_by_night{k}"] += detected <= k
@@ -141,8 +151,8 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
 
 
 def power(args) -> int:
-    from harness.regression import (CONTENTION_MARGIN, FOREIGN_LOAD_MARGIN, METRICS, MIN_HISTORY, PERSISTENCE, Z_CRIT,
-                                    noise_level)
+    from harness.regression import (CONTENTION_MARGIN, FOREIGN_LOAD_MARGIN, METRICS, MIN_HISTORY, PERSISTENCE, PROBE,
+                                    Z_CRIT, adjust_for_machine, machine_sensitivity, noise_level)
 
     df = pd.read_csv(args.data)
     df = df[df["inject_slowdown"] == 0]
@@ -161,14 +171,21 @@ def power(args) -> int:
     rng = np.random.default_rng(args.seed)
     ratios, levels = {}, {}
     for m in METRICS:
-        if m.kind != "alert" or m.name not in df.columns or df[m.name].isna().all():
+        if (m.kind != "alert" and m.name != PROBE) or m.name not in df.columns or df[m.name].isna().all():
             continue  # a metric older measurements lack, or one this backend does not measure
         table = df.pivot_table(index="pipeline", columns="seed", values=m.name).dropna()
         levels[m.name] = table.median().to_numpy()
         ratios[m.name] = (table / table.median()).to_numpy() ** args.noise_scale
     n_pipelines, n_seeds = ratios["throughput_tok_s"].shape
     print(f"data: {args.data} ({n_pipelines} pipeline runs x {n_seeds} seeds, load1 {df['load1'].min():.1f}-"
-          f"{df['load1'].max():.1f}); noise scale {args.noise_scale}; alerting metrics: {', '.join(ratios)}")
+          f"{df['load1'].max():.1f}); noise scale {args.noise_scale}; measured: {', '.join(ratios)}")
+    if PROBE in ratios:
+        theta, corr, points = machine_sensitivity(*(pd.DataFrame(np.log(ratios[n])) for n in ("throughput_tok_s", PROBE)))
+        print(f"throughput's sensitivity to the machine-speed probe over all runs: theta {theta:.2f} (correlation "
+              f"{corr:+.2f}, {points} points); each synthetic history fits its own, as the check does")
+        adjusted = adjust_for_machine(ratios["throughput_tok_s"], ratios[PROBE], theta, 1.0)
+        print(f"measured run-level noise of the throughput adjusted with it: "
+              f"{100 * noise_level(pd.DataFrame(np.log(adjusted)))[0]:.1f}%")
     for name in (n for n in THROUGHPUT if n in ratios):
         sigma, _ = noise_level(pd.DataFrame(np.log(ratios[name])))
         print(f"measured run-level {name} noise (1.4826 x MAD, median over seeds): {100 * sigma:.1f}%; per-seed "

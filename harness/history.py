@@ -29,8 +29,8 @@ from harness.metrics import read_metrics
 SCHEMA_VERSION = 1
 HISTORY_DIR = "history"
 # The columns of summary.csv that are measurements (the rest are identity or counts).
-METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "throughput_tok_cal",
-           "time_probe_s_median", "cpu_contention",
+METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "time_probe_s_median",
+           "cpu_contention",
            "cpu_foreign_load", "time_step_s_median", "time_gen_s_median", "time_transition_s_median",
            "time_train_s_median", "time_transition_s_p90", "wall_time_s", "reward_first10", "reward_last10",
            "reward_gain", "task_accuracy_first10", "task_accuracy_last10", "eval_accuracy_before",

@@ -37,14 +37,13 @@ MEASURED = {
 # beyond the run's own CPU time it is other jobs' load on the shared cores (their cache and memory traffic slow
 # the run even when it keeps its own core).
 # time_probe_s: seconds a fixed reference workload took right after the step (CPU backend): the machine's speed
-# at that moment, so throughput can be put in probe units (throughput_tok_cal), which cancels most of the drift
-# of a shared CPU's speed between runs and leaves what the run's own code changed.
+# at that moment, a covariate the regression check uses to take the drift of a shared CPU's speed out of
+# throughput while leaving what the run's own code changed.
 # task_accuracy_mean: exact-match accuracy of the sampled responses on the verifiable task, whatever the reward:
 # with a reward model it shows whether the reward that rises is still the task being solved.
 OPTIONAL = {"time_step_cpu_s": "float64", "time_machine_busy_s": "float64", "time_probe_s": "float64",
             "task_accuracy_mean": "float64"}
-DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64",
-           "throughput_tok_cal": "float64"}
+DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64"}
 SCHEMA = {**IDENTITY, **MEASURED, **OPTIONAL, **DERIVED}
 # Kept beside the derived figure for a cross-check where a framework reports its own (optional).
 FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
@@ -67,8 +66,6 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     tokens = df["tokens_prompt"].astype("float64") + df["tokens_response"].astype("float64")
     df["throughput_tok_s"] = tokens / step_time
     df["throughput_tok_cpu_s"] = tokens / df["time_step_cpu_s"].where(df["time_step_cpu_s"] > 0)
-    # Tokens per probe time: the step's throughput times the probe's duration measured beside it.
-    df["throughput_tok_cal"] = df["throughput_tok_s"] * df["time_probe_s"].where(df["time_probe_s"] > 0)
     # A CPU run (0 accelerators) has no per-GPU figure.
     df["throughput_tok_s_per_gpu"] = df["throughput_tok_s"] / df["n_gpus"].where(df["n_gpus"] > 0)
     df = df[list(SCHEMA) + [c for c in (FRAMEWORK_THROUGHPUT,) if c in df.columns]].astype(SCHEMA)

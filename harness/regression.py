@@ -18,6 +18,11 @@ The method (docs/regression.md explains it for users):
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
   its timings say more about the other job than about the code, so they are not judged ("contended"), and such
   runs are left out of the noise of the timed metrics.
+- Machine speed: a CPU run times a fixed probe workload after every step (harness.frameworks.reference). The
+  drift of a shared CPU's speed, most of the run-to-run noise, moves the probe and the throughput together; the
+  history says by how much (machine_sensitivity), and throughput brought to the baseline's probe time (ADJUSTED)
+  decides the throughput alert. The wall-clock and per-CPU-second figures defer to it (class "context": shown,
+  never the exit status), and the probe's own time is an advisory: the machine, or torch under it, slowed.
 Throughput and transition time alert (exit 1). Final reward and time-to-reward are an advisory class: reported,
 never the exit status.
 """
@@ -41,7 +46,7 @@ Z_CRIT = 3.0
 MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
-PERSISTENCE = 3  # runs (this one and the previous ones) whose mean change may confirm a drop
+PERSISTENCE = 5  # runs (this one and the previous ones, a working week) whose mean change may confirm a drop
 MAD_TO_SIGMA = 1.4826
 REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
@@ -68,21 +73,47 @@ class Metric:
         return 100 * math.expm1(delta) if self.log_scale else delta
 
 
-CALIBRATED = "throughput_tok_cal"
+ADJUSTED = "throughput_tok_s_machine"
+PROBE = "time_probe_s_median"
 METRICS = (
-    Metric(CALIBRATED, "throughput in probe units (tokens per probe time; CPU runs)", "alert", True, True,
-           math.log(1 / 0.97), True),
-    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97), True, CALIBRATED),
+    Metric(ADJUSTED, "throughput at the baseline's machine speed (tokens/s, adjusted by the probe; CPU runs)",
+           "alert", True, True, math.log(1 / 0.97), True),
+    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97), True, ADJUSTED),
     Metric("throughput_tok_cpu_s", "throughput per CPU-second (tokens/CPU-s; CPU runs)", "alert", True, True,
-           math.log(1 / 0.97), True, CALIBRATED),
-    # The machine's own speed: when it changes, the raw throughput follows it and the calibrated one does not.
-    Metric("time_probe_s_median", "machine speed probe (s per fixed workload; CPU runs)", "advisory", False, True,
-           math.log(1.03), True),
+           math.log(1 / 0.97), True, ADJUSTED),
     Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True),
+    # The machine's own speed: when it changes, the raw throughput follows it and the adjusted one does not.
+    Metric(PROBE, "machine speed probe (s per fixed workload; CPU runs)", "advisory", False, True, math.log(1.03),
+           True),
     Metric("reward_last10", "final reward (last 10% of steps)", "advisory", True, False, 0.05, False),
     Metric("time_to_reward_s", "time to reward target (s of training)", "advisory", False, True, math.log(1.25),
            True),
 )
+
+
+def machine_sensitivity(throughput: pd.DataFrame, probe: pd.DataFrame) -> tuple[float, float, int]:
+    """How strongly a series' throughput follows the machine-speed probe: (theta, correlation, points).
+
+    From history tables (runs x seeds) of log throughput and log probe time: each value minus its seed's median,
+    then the Theil-Sen slope (the median of the pairwise slopes: a freak run or an old regression, which moves the
+    throughput but not the probe, cannot tilt it) of throughput on probe time. theta is minus that slope, at
+    least 0: how many percent throughput loses per percent the probe slows. A probe that says nothing about the
+    run gives theta near 0 and adjusts nothing; the history, not an assumption, sets how much it corrects."""
+    y, x = throughput.align(probe, join="inner")
+    x, y = (x - x.median()).to_numpy(float).ravel(), (y - y.median()).to_numpy(float).ravel()
+    ok = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[ok], y[ok]
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    if not np.any(dx != 0):
+        return 0.0, float("nan"), len(x)
+    slope = float(np.median((y[j] - y[i])[dx != 0] / dx[dx != 0]))
+    return max(0.0, -slope), float(np.corrcoef(x, y)[0, 1]), len(x)
+
+
+def adjust_for_machine(throughput, probe, theta: float, probe_reference: float):
+    """Throughput as it would have been at the reference probe time (the baseline's machine speed)."""
+    return throughput * (probe / probe_reference) ** theta
 
 
 def time_to_reward(curve: dict, target: float) -> float | None:
@@ -393,6 +424,20 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
 
     quiet = [r for r in series if not contended(r["pipeline_run"])]
     now_contended = contended(now)
+    # The machine-speed adjustment (CUPED-style: the probe is a covariate the run's own code cannot move), fitted
+    # on the quiet history; the baseline's median probe time is the speed everything is brought to.
+    by_name = {m.name: m for m in METRICS}
+    theta, corr, points = machine_sensitivity(
+        *(_series_table(quiet, by_name[n], extract[n]) for n in ("throughput_tok_s", PROBE)))
+    base_probe = [v for r in base["runs"] if (v := extract[PROBE](r))]
+    probe_ref = float(np.median(base_probe)) if base_probe else None
+
+    def adjusted(r: dict) -> float | None:
+        t, p = extract["throughput_tok_s"](r), extract[PROBE](r)
+        return None if probe_ref is None or t is None or not p or p <= 0 else adjust_for_machine(t, p, theta,
+                                                                                                probe_ref)
+
+    extract[ADJUSTED] = adjusted
     checks = []
     for m in METRICS:
         rows = quiet if m.timed else series
@@ -410,6 +455,11 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         previous = [{r["seed"]: v if (v := extract[m.name](r)) is None or not m.log_scale or v > 0 else None
                      for r in history if r["pipeline_run"] == run} for run in recent]
         result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous)
+        if m.name == ADJUSTED:
+            result["evidence"]["machine_sensitivity"] = {
+                "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
+                "probe_reference_s": probe_ref,
+                "fit": "Theil-Sen slope of log throughput on log probe time over the quiet history (runs x seeds)"}
         if m.timed and now_contended:
             result.update(status="contended", reason=f"{now_contended}; timings not judged: rerun on a quiet machine")
         checks.append({"framework": fw, **result})

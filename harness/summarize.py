@@ -37,7 +37,6 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
         throughput_tok_s=float(measured["throughput_tok_s"].median()),
         throughput_tok_s_per_gpu=float(measured["throughput_tok_s_per_gpu"].median()),
         throughput_tok_cpu_s=float(measured["throughput_tok_cpu_s"].median()),
-        throughput_tok_cal=float(measured["throughput_tok_cal"].median()),
         time_probe_s_median=float(measured["time_probe_s"].median()),
         # Wall time over CPU time: about 1 (or 1 / threads) when the run had its cores, more when it waited for them.
         cpu_contention=float((measured["time_step_s"] / measured["time_step_cpu_s"]).median()),

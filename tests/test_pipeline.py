@@ -27,6 +27,7 @@ def test_pipeline_writes_summary_report_and_runs_in_the_common_schema(micro_pipe
         assert (parts <= df["time_step_s"]).all() and (df["time_transition_s"] > 0).all()
         # prompts are counted once per sampled response (rollout_n = 2), greedy tokens separately
         assert (df["tokens_baseline"] > 0).all() and (df["tokens_prompt"] % 2 == 0).all()
+        assert (df["time_probe_s"] > 0).all()  # the machine-speed probe ran beside every CPU step
         pd.testing.assert_frame_equal(df, pd.read_parquet(run / "metrics.parquet"))
 
         manifest = json.loads((run / "manifest.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, run_cli, snakemake
 from harness.config import load_config
 from harness.history import HISTORY_DIR, append
-from harness.regression import METRICS, MIN_HISTORY, assess, noise_level
+from harness.regression import METRICS, MIN_HISTORY, assess, machine_sensitivity, noise_level
 from test_history import make_results
 
 THROUGHPUT = METRICS[0]
@@ -188,8 +188,7 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
         pid = f"{day:016x}"
         for r in real:
             level = 1.5 * math.exp(0.01 * rng.standard_normal())
-            metrics = {**r["metrics"], **{k: r["metrics"][k] * level for k in
-                                          ("throughput_tok_s", "throughput_tok_cpu_s", "throughput_tok_cal")}}
+            metrics = {**r["metrics"], **{k: r["metrics"][k] * level for k in ("throughput_tok_s", "throughput_tok_cpu_s")}}
             past.append({**r, "pipeline_run": pid, "pipeline_time": f"2026-01-{day:02d}T00:00:00+00:00",
                          "metrics": metrics})
     (work / "results" / HISTORY_DIR / "20260101T000000Z-past.jsonl").write_text(
@@ -205,33 +204,57 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     assert len(list((work / "results" / HISTORY_DIR).glob("*.jsonl"))) == 2  # appended once, not again
 
 
-def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_probe_unit_throughput(tmp_path):
-    results = nights(tmp_path / "results", 10, contention=1.0, probe_s=0.001)
+def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_throughput(tmp_path):
+    # Ten nights on a machine whose speed drifts 2% (sd) from night to night: the probe beside each step slows
+    # with it, and this run's throughput 1.5 times as much (the history, not the test, must find the 1.5).
+    rng = np.random.default_rng(0)
+    results = tmp_path / "results"
+
+    def night(day: int, drift: float, code: float = 1.0) -> None:
+        make_results(results, throughput=1000.0 * code * math.exp(-1.5 * drift), probe_s=0.001 * math.exp(drift),
+                     contention=1.0, noise=0.003, rng=rng, created=f"2026-01-{day:02d}T00:00:00+00:00")
+
+    for day in range(1, 11):
+        night(day, 0.02 * rng.standard_normal())
+        append(results)
     baseline = tmp_path / "cpu.json"
     assert run_cli("baseline", "update", "--results", results, "--out", baseline).returncode == 0
 
-    # The whole machine 10% slower: the probe took 10% longer beside every step, and so did the steps.
-    make_results(results, throughput=900.0, contention=1.0, probe_s=0.001 / 0.9, noise=0.01,
-                 rng=np.random.default_rng(5), created="2026-01-11T00:00:00+00:00")
+    # The whole machine 10% slower: raw throughput fell 14%, the adjusted one not at all.
+    night(11, 0.10)
     proc = run_cli("check", "--baseline", baseline, "--results", results)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     alerts = json.loads((results / "alerts.json").read_text())
     by_metric = {c["metric"]: c for c in alerts["checks"]}
-    assert alerts["status"] == "ok" and by_metric["throughput_tok_cal"]["status"] == "ok"
-    assert by_metric["throughput_tok_s"]["class"] == "context" and by_metric["throughput_tok_s"]["status"] == "regression"
+    adjusted = by_metric["throughput_tok_s_machine"]
+    assert alerts["status"] == "ok" and adjusted["status"] == "ok" and abs(adjusted["change"]) < 2
+    assert 1.3 < adjusted["evidence"]["machine_sensitivity"]["theta"] < 1.7
+    raw = by_metric["throughput_tok_s"]
+    assert raw["class"] == "context" and raw["status"] == "regression" and raw["change"] < -10
     assert [a["metric"] for a in alerts["advisories"]] == ["time_probe_s_median"]
     md = (results / "alerts.md").read_text()
     assert "## Context (raw throughput" in md and "machine speed probe" in md
     append(results)
 
-    # The machine as usual, the run's own work 10% slower: the probe-unit throughput alerts.
-    make_results(results, throughput=900.0, contention=1.0, probe_s=0.001, noise=0.01,
-                 rng=np.random.default_rng(6), created="2026-01-12T00:00:00+00:00")
+    # The machine as usual, the run's own work 10% slower: the adjusted throughput alerts, alone.
+    night(12, 0.0, code=0.9)
     proc = run_cli("check", "--baseline", baseline, "--results", results)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     alerts = json.loads((results / "alerts.json").read_text())
-    assert [a["metric"] for a in alerts["alerts"]] == ["throughput_tok_cal"]
-    assert alerts["alerts"][0]["change"] < -8 and alerts["advisories"] == []
+    assert [a["metric"] for a in alerts["alerts"]] == ["throughput_tok_s_machine"]
+    assert -12 < alerts["alerts"][0]["change"] < -8
+
+
+def test_machine_sensitivity_is_robust_to_a_freak_run_and_zero_without_a_link():
+    rng = np.random.default_rng(8)
+    probe = 0.02 * rng.standard_normal((12, 3))
+    throughput = -2.0 * probe + 0.003 * rng.standard_normal((12, 3))
+    throughput[4] -= 0.3  # a night of an old regression: the throughput moved, the machine did not
+    theta, corr, points = machine_sensitivity(pd.DataFrame(throughput), pd.DataFrame(probe))
+    assert 1.8 < theta < 2.2 and points == 36 and corr < -0.3
+    unrelated, _, _ = machine_sensitivity(pd.DataFrame(0.01 * rng.standard_normal((12, 3))), pd.DataFrame(probe))
+    assert unrelated < 0.5
+    assert machine_sensitivity(pd.DataFrame(np.ones((12, 3))), pd.DataFrame(np.zeros((12, 3))))[0] == 0.0
 
 
 def test_a_run_that_waited_for_the_cpu_is_not_judged_and_a_quiet_slowdown_alerts_on_cpu_time_too(tmp_path):
