@@ -47,7 +47,8 @@ def summary_line(results: Path) -> str:
             change = "n/a" if c["change"] is None else f"{c['change']:+.1f}%"
             noise = "n/a" if ev["noise"] is None else f"{ev['noise']:.1f}%"
             z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
-            lines.append(f"  {c['framework']} {c['metric']} ({c['class']}): {c['status']}, change {change}, noise {noise}, z {z}, "
+            lines.append(f"  {c['framework']} {c['metric']} ({c['class']}): {c['status']}, change {change}, "
+                         f"noise {noise}, z {z}, "
                          f"{ev['n_history_runs']} history runs, {len(ev['seeds'])} seeds")
     return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """Benchmark: false-alarm and detection rates of `remax-bench check`, by resampling measured run-to-run noise.
 
-    python benchmarks/regression_power.py measure --pipelines 16 --out benchmarks/data/regression_noise_quiet.csv \
+    python benchmarks/regression_power.py measure --pipelines 16 --out benchmarks/data/regression_noise_probe.csv \
         [--configfile benchmarks/regression_short.yaml] [--workdir DIR]
-    python benchmarks/regression_power.py power [--data benchmarks/data/regression_noise_quiet.csv] [--trials 4000]
+    python benchmarks/regression_power.py power [--data benchmarks/data/regression_noise_probe.csv] [--trials 4000]
 
 `measure` runs the real pipeline N times in one working directory (inputs built once, every run redone with
 `--forcerun run_embedded`) and writes one CSV row per (pipeline run, seed): the per-seed summaries the history
@@ -43,9 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 BASELINE_RUNS = 5  # what `remax-bench baseline update` takes by default
 THROUGHPUT = ("throughput_tok_s", "throughput_tok_cpu_s")
 FIELDS = ["pipeline", "started_utc", "load1", "framework", "seed", "run_id", "config_hash", "inject_slowdown",
-          "throughput_tok_s", "throughput_tok_cpu_s", "time_probe_s_median", "cpu_contention", "cpu_foreign_load", "time_step_s_median",
-          "time_transition_s_median", "time_transition_s_p90",
-          "reward_last10", "reward_gain"]
+          "throughput_tok_s", "throughput_tok_cpu_s", "time_probe_s_median", "cpu_contention", "cpu_foreign_load",
+          "time_step_s_median", "time_transition_s_median", "time_transition_s_p90", "reward_last10", "reward_gain"]
 
 
 def snakemake(workdir: Path, configfile: Path | None, *extra: str) -> None:
@@ -102,7 +101,8 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
              trials: int, rng) -> dict:
     """Rates over `trials` synthetic series: any alert on a night with no change (false alarm), and a throughput
     alert by each of the first PERSISTENCE nights of a lasting `drop` (fraction, e.g. 0.05)."""
-    from harness.regression import ADJUSTED, METRICS, PERSISTENCE, PROBE, adjust_for_machine, assess, machine_sensitivity
+    from harness.regression import (ADJUSTED, METRICS, PERSISTENCE, PROBE, adjust_for_machine, assess,
+                                    machine_sensitivity)
 
     measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
     # As the check does: a figure with a better-controlled one beside it (raw throughput beside the one adjusted
@@ -180,7 +180,8 @@ def power(args) -> int:
     print(f"data: {args.data} ({n_pipelines} pipeline runs x {n_seeds} seeds, load1 {df['load1'].min():.1f}-"
           f"{df['load1'].max():.1f}); noise scale {args.noise_scale}; measured: {', '.join(ratios)}")
     if PROBE in ratios:
-        theta, corr, points = machine_sensitivity(*(pd.DataFrame(np.log(ratios[n])) for n in ("throughput_tok_s", PROBE)))
+        theta, corr, points = machine_sensitivity(*(pd.DataFrame(np.log(ratios[n]))
+                                                    for n in ("throughput_tok_s", PROBE)))
         print(f"throughput's sensitivity to the machine-speed probe over all runs: theta {theta:.2f} (correlation "
               f"{corr:+.2f}, {points} points); each synthetic history fits its own, as the check does")
         adjusted = adjust_for_machine(ratios["throughput_tok_s"], ratios[PROBE], theta, 1.0)
@@ -224,7 +225,7 @@ def main() -> int:
     m.add_argument("--append", action="store_true", help="add to an existing CSV (same workdir), numbering on")
     m.set_defaults(func=measure)
     p = sub.add_parser("power")
-    p.add_argument("--data", type=Path, default=REPO / "benchmarks" / "data" / "regression_noise_quiet.csv")
+    p.add_argument("--data", type=Path, default=REPO / "benchmarks" / "data" / "regression_noise_probe.csv")
     p.add_argument("--trials", type=int, default=2000)
     p.add_argument("--history", type=int, nargs="+", default=[8, 12, 20, 30])
     p.add_argument("--drop", type=float, default=0.05)

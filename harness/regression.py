@@ -557,12 +557,19 @@ def render_markdown(result: dict) -> str:
                 f" {len(ev['seeds'])} |")
 
     for title, kind in (("Alerts (throughput, transition time)", "alert"),
-                        ("Context (raw throughput: the probe-unit figure above decides; never fails the check)",
-                         "context"),
+                        ("Context (raw throughput: the figure adjusted for the machine's speed decides; never fails "
+                         "the check)", "context"),
                         ("Advisory (reward curve, machine speed; never fails the check)", "advisory")):
         rows = [row(c) for c in result["checks"] if c["class"] == kind]
         if rows or kind != "context":
             lines += [f"## {title}", "", *header, *rows, ""]
+        if kind == "alert":
+            lines += [f"Machine-speed adjustment ({c['framework']}): throughput brought to the baseline's probe time "
+                      f"{ms['probe_reference_s']:.4g} s with theta {ms['theta']:.2f} (throughput falls theta % per % "
+                      f"the probe slows; Theil-Sen fit over {ms['points']} quiet history points, correlation "
+                      f"{_fmt(ms['correlation'])})." for c in result["checks"]
+                      if (ms := c.get("evidence", {}).get("machine_sensitivity")) and ms["correlation"] is not None]
+            lines += [""] if lines[-1] else []
     lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
     lines += ["## Method", "",
               "Change = median over seeds of each seed's change against the same seed in the baseline (paired; log "

@@ -188,7 +188,8 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
         pid = f"{day:016x}"
         for r in real:
             level = 1.5 * math.exp(0.01 * rng.standard_normal())
-            metrics = {**r["metrics"], **{k: r["metrics"][k] * level for k in ("throughput_tok_s", "throughput_tok_cpu_s")}}
+            metrics = {**r["metrics"], **{k: r["metrics"][k] * level
+                                          for k in ("throughput_tok_s", "throughput_tok_cpu_s")}}
             past.append({**r, "pipeline_run": pid, "pipeline_time": f"2026-01-{day:02d}T00:00:00+00:00",
                          "metrics": metrics})
     (work / "results" / HISTORY_DIR / "20260101T000000Z-past.jsonl").write_text(
@@ -234,6 +235,7 @@ def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_th
     assert [a["metric"] for a in alerts["advisories"]] == ["time_probe_s_median"]
     md = (results / "alerts.md").read_text()
     assert "## Context (raw throughput" in md and "machine speed probe" in md
+    assert "Machine-speed adjustment (reference): throughput brought to the baseline's probe time" in md
     append(results)
 
     # The machine as usual, the run's own work 10% slower: the adjusted throughput alerts, alone.
