@@ -464,9 +464,8 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
             result.update(status="contended", reason=f"{now_contended}; timings not judged: rerun on a quiet machine")
         checks.append({"framework": fw, **result})
     judged = {c["metric"] for c in checks if c["status"] in ("ok", "regression", "improved", "contended")}
-    defer_to = {m.name: m.defer_to for m in METRICS}
     for c in checks:
-        if defer_to[c["metric"]] in judged:
+        if by_name[c["metric"]].defer_to in judged:
             c["class"] = "context"
     return checks
 
