@@ -64,6 +64,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
             f"{source}: at remax.warmup_steps: {config['remax']['warmup_steps']} leaves no measured step "
             f"out of remax.steps={config['remax']['steps']}"
         )
+    if config["launch"]["device"] == "cpu" and config["launch"]["nnodes"] != 1:
+        raise HarnessError(f"{source}: at launch.nnodes: a CPU run (launch.device cpu) is one machine, "
+                           f"not {config['launch']['nnodes']} nodes")
     if config["policy"]["hidden_size"] % config["policy"]["num_heads"]:
         raise HarnessError(f"{source}: at policy.num_heads: must divide policy.hidden_size")
     return config

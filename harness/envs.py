@@ -5,14 +5,16 @@ under .venvs/<name>, never the harness's. A description is a pip requirements fi
 `#!env ` set environment variables for the install (e.g. `#!env DS_BUILD_OPS=0`), and two kinds of line are
 installed after the requirements, one package each: `#!no-deps PKG==V` without its dependencies (a package whose
 own pins cannot install here), `#!no-build-isolation PKG==V` against the torch already installed (flash-attn
-builds its CUDA kernels that way). An environment is built
-once and reused; it is rebuilt when its description changes (the stamp holds the description's sha256).
+builds its CUDA kernels that way), `#!local PATH` a project of this repository (PATH relative to it), without its
+dependencies. An environment is built once and reused; it is rebuilt when its description or a local project in it
+changes (the stamp holds the sha256 of the description and of each local project's files).
 With `container.runtime: apptainer` an image of the framework's published image, with the same description installed,
 takes the venv's place (harness/container.py); env_command gives a launch command its prefix either way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -48,13 +50,48 @@ def install_env_vars(spec: Path) -> dict[str, str]:
     return out
 
 
-POST_INSTALL = {"#!no-deps ": "--no-deps", "#!no-build-isolation ": "--no-build-isolation"}
+POST_INSTALL = {"#!no-deps ": "--no-deps", "#!no-build-isolation ": "--no-build-isolation", "#!local ": "--no-deps"}
+LOCAL = "#!local "
+
+
+def local_projects(spec: Path) -> list[Path]:
+    """The repository projects a description installs (`#!local PATH`), as absolute paths."""
+    paths = []
+    for lineno, line in enumerate(spec.read_text().splitlines(), 1):
+        if line.startswith(LOCAL):
+            path = REPO / line[len(LOCAL):].strip()
+            if not (path / "pyproject.toml").is_file():
+                raise HarnessError(f"{spec}:{lineno}: {path} is not a project of this repository (no pyproject.toml)")
+            paths.append(path)
+    return paths
 
 
 def post_install(spec: Path) -> list[tuple[str, str]]:
-    """(pip flag, requirement) for each `#!no-deps` / `#!no-build-isolation` line, in file order."""
-    return [(flag, line[len(prefix):].strip()) for line in spec.read_text().splitlines()
-            for prefix, flag in POST_INSTALL.items() if line.startswith(prefix)]
+    """(pip flag, requirement) for each post-install line, in file order; a local project as its absolute path."""
+    out = []
+    for line in spec.read_text().splitlines():
+        for prefix, flag in POST_INSTALL.items():
+            if line.startswith(prefix):
+                req = line[len(prefix):].strip()
+                out.append((flag, str(REPO / req) if prefix == LOCAL else req))
+    return out
+
+
+def project_digest(path: Path) -> str:
+    """A local project's source: its pyproject.toml and Python files, not what building it leaves beside them
+    (pip builds in place: build/, *.egg-info, __pycache__)."""
+    h = hashlib.sha256()
+    files = [path / "pyproject.toml", *(p for p in path.rglob("*.py")
+                                        if not {"build", "__pycache__"} & set(p.relative_to(path).parts))]
+    for f in sorted(files):
+        h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def env_digest(spec: Path) -> str:
+    """What an environment is built from: its description and the source of each local project it installs."""
+    parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec))]
+    return parts[0] if len(parts) == 1 else hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
 
 def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None) -> list[list[str]]:
@@ -93,7 +130,7 @@ def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -
     """The venv for `name`, built (or rebuilt after a change of its description) if needed; returns its python."""
     spec = spec_path(name)
     venv = root / name
-    digest = sha256_file(spec)
+    digest = env_digest(spec)
     stamp = venv / STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return env_python(name, root)

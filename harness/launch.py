@@ -12,16 +12,19 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from harness import HarnessError
 from harness import container
 from harness.envs import env_command
+from harness.frameworks import get_adapter
 from harness.io import atomic_path, write_json
 from harness.manifest import build_manifest
 
 CONSOLE_LOG = "console.log"
+EVAL = "eval.json"  # what harness.summarize.read_eval reads, in the reference backend's form
 
 
 def tail(path: Path, lines: int = 40) -> str:
@@ -64,6 +67,27 @@ def environment_record(env: str | None, config: dict) -> dict:
     return record
 
 
+def write_evaluation(run_dir: Path, framework: str) -> None:
+    """eval.json (eval greedy accuracy before and after) from the framework's own evaluation in its logs, where
+    its adapter reads one. A run whose evaluation cannot be read keeps its timings: it is said, not fatal."""
+    try:
+        evaluation = get_adapter(framework).evaluation
+    except HarnessError:  # a plan of a framework this harness version does not know: nothing to read
+        return
+    if evaluation is None:
+        return
+    try:
+        record = evaluation(run_dir)
+    except HarnessError as e:
+        print(f"remax-bench launch: no eval.json: {e}", file=sys.stderr)
+        return
+    if record is None:
+        print(f"remax-bench launch: no eval.json: {framework} logged no evaluation before and after training",
+              file=sys.stderr)
+        return
+    write_json(run_dir / EVAL, record)
+
+
 def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config: dict) -> None:
     plan_dir, run_dir = Path(plan_dir).resolve(), Path(run_dir)
     script = plan_dir / "launch.sh"
@@ -91,6 +115,7 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
                                + tail(tmp / CONSOLE_LOG))
         write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})
         plan = json.loads((plan_dir / "plan.json").read_text())
+        write_evaluation(tmp, plan["framework"])
         write_json(tmp / "manifest.json", build_manifest(
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],
             seed=plan["seed"], config=config, inputs=plan["inputs"],

@@ -28,7 +28,7 @@ import yaml  # noqa: E402
 from harness import HarnessError  # noqa: E402
 from harness.config import validate_config  # noqa: E402
 from harness.io import atomic_path, read_json_object, write_text  # noqa: E402
-from harness.metrics import read_metrics  # noqa: E402
+from harness.metrics import FRAMEWORK_THROUGHPUT, read_metrics  # noqa: E402
 from harness.summarize import by_framework, edge_means, read_eval, summarize_run  # noqa: E402
 
 CLAIMS_PATH = Path(__file__).resolve().parents[1] / "workflows" / "report" / "claims.yaml"
@@ -101,8 +101,10 @@ def load_config(results: Path) -> dict:
     for key in ("frameworks", "seeds", "remax", "launch"):
         if key not in config:
             raise HarnessError(f"{path}: lacks key {key!r} (freeze the config again with this version)")
-    # A config frozen before the report block existed: the schema's defaults (an empty config fills them).
-    config.setdefault("report", validate_config({}, source="schema defaults")["report"])
+    # A config frozen before the report block or launch.device existed: the schema's defaults.
+    defaults = validate_config({}, source="schema defaults")
+    config.setdefault("report", defaults["report"])
+    config["launch"].setdefault("device", defaults["launch"]["device"])
     return config
 
 
@@ -111,14 +113,17 @@ def _without_metrics(results: Path, run: Run, adapter, config: dict) -> tuple[st
     fw, seed = run.framework, run.seed
     metrics_path = results / "metrics" / fw / f"seed{seed}.parquet"
     run_log = results / "logs" / "run" / f"{fw}_seed{seed}.log"
-    if adapter is not None and adapter.needs_gpu and config["launch"]["gpus_per_node"] == 0:
-        return "not run", "needs GPUs (launch.gpus_per_node is 0 in this profile)"
     if _logs_tail(results, run):
         return "failed", f"no metrics ({metrics_path} missing); see the log"
     if (results / "runs" / fw / f"seed{seed}").is_dir():
         return "not run", f"the run finished but was not ingested ({metrics_path} missing; the pipeline stopped early)"
     if run_log.exists():  # the job started (its shell made the log) and died without a word
         return "failed", f"no metrics ({metrics_path} missing); {run_log} is empty (killed?)"
+    from harness.frameworks import not_runnable
+
+    blocked = not_runnable(adapter, config) if adapter is not None else None
+    if blocked:
+        return "not run", blocked
     if adapter is None:
         return "not run", f"framework {fw!r} has no registered adapter in this harness version"
     return "not run", f"no metrics yet ({metrics_path} missing)"
@@ -263,6 +268,49 @@ def time_to_reward(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, floa
         step=("step", "median"),
     ).reset_index()
     return table, target
+
+
+OWN_AGREE = 0.01  # relative difference under which a framework's own throughput figure agrees with the harness's
+
+
+def own_throughput_table(runs: list[Run], warmup: int) -> pd.DataFrame:
+    """Per framework that logs a throughput figure of its own: that figure against the harness's tokens/s on the
+    same measured steps of the same logs (medians over steps, then seeds), their ratio, and what the framework's
+    figure counts (its adapter's own_throughput)."""
+    rows = []
+    for fw in dict.fromkeys(r.framework for r in runs):
+        ok = [r for r in runs if r.framework == fw and r.status == "ok"
+              and FRAMEWORK_THROUGHPUT in r.metrics and r.metrics[FRAMEWORK_THROUGHPUT].notna().any()]
+        if not ok:
+            continue
+        measured = [r.metrics[r.metrics["step"] > warmup] for r in ok]
+        ratio = pd.concat([m[FRAMEWORK_THROUGHPUT] / m["throughput_tok_s"] for m in measured])
+        adapter = _adapter(fw)
+        rows.append({"framework": fw, "seeds": len(ok),
+                     "own_tok_s": float(np.median([m[FRAMEWORK_THROUGHPUT].median() for m in measured])),
+                     "harness_tok_s": float(np.median([m["throughput_tok_s"].median() for m in measured])),
+                     "ratio_median": float(ratio.median()), "ratio_min": float(ratio.min()),
+                     "ratio_max": float(ratio.max()),
+                     "agree": bool((ratio - 1).abs().max() <= OWN_AGREE),
+                     "definition": adapter.own_throughput if adapter is not None else ""})
+    return pd.DataFrame(rows, columns=["framework", "seeds", "own_tok_s", "harness_tok_s", "ratio_median",
+                                       "ratio_min", "ratio_max", "agree", "definition"])
+
+
+def own_throughput_html(own: pd.DataFrame) -> str:
+    if own.empty:
+        return ""
+    rows = [[_e(r.framework), _num(r.seeds), _num(r.own_tok_s), _num(r.harness_tok_s),
+             f'<td class="num">{r.ratio_median:.4f} <span class="muted">({r.ratio_min:.4f}&ndash;{r.ratio_max:.4f})'
+             "</span></td>",
+             "<b>agree</b>" if r.agree else f"<b>differ</b> by up to {max(abs(r.ratio_min - 1), abs(r.ratio_max - 1)):.1%}",
+             _e(r.definition)] for r in own.itertuples()]
+    return ("<h3>The frameworks' own throughput figures against the harness's</h3>"
+            + _table(["framework", "seeds", "own figure, tokens/s (median)", "harness tokens/s (median)",
+                      "own / harness per step (min&ndash;max)", f"within {OWN_AGREE:.0%}?", "what the own figure counts"],
+                     rows, ["" if r.agree else "mismatch" for r in own.itertuples()])
+            + "<p class='muted'>Both figures from the same real log, on the measured steps of every completed run. "
+              "The comparison table above uses the harness's figure for every framework.</p>")
 
 
 # ---- figures -----------------------------------------------------------------------------------------------
@@ -800,6 +848,7 @@ def render_html(*, config: dict, results: Path, runs: list[Run], table: pd.DataF
                      "tokens over the generation (sampled + greedy) or actor-update time alone. GPUs = 0: CPU run, "
                      "no per-GPU figure.</p>")
     parts.append(_img(figures["throughput"], "throughput per framework"))
+    parts.append(own_throughput_html(own_throughput_table(runs, config["remax"]["warmup_steps"])))
 
     parts.append("<h2>2. Transition and step time</h2>")
     if not per_run.empty:

@@ -24,10 +24,11 @@ def _no_logs(logs, n_gpus):
     raise HarnessError("synthetic framework: it has no logs to ingest")
 
 
-def adapter(name: str, needs_gpu: bool = False) -> Adapter:
-    """A registry entry for a synthetic framework (to be put into the registry by the caller, then removed)."""
+def adapter(name: str) -> Adapter:
+    """A registry entry for a synthetic framework that has no CPU path (to be put into the registry by the caller,
+    then removed)."""
     return Adapter(name=name, description="SYNTHETIC test framework", ingest=_no_logs, log_glob="none",
-                   plan=lambda *a: None, needs_gpu=needs_gpu)
+                   plan=lambda *a: None, cpu_blocker="SYNTHETIC: it has no CPU path")
 
 
 def write_run(results: Path, framework: str, seed: int, *, steps: int, step_s: float, final_reward: float,

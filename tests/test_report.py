@@ -30,7 +30,7 @@ def frameworks(monkeypatch):
     """Synthetic adapters in the registry for one test (removed afterwards)."""
     for name in (FAST, SLOW, FLAT):
         monkeypatch.setitem(_REGISTRY, name, synthetic.adapter(name))
-    monkeypatch.setitem(_REGISTRY, GPU, synthetic.adapter(GPU, needs_gpu=True))
+    monkeypatch.setitem(_REGISTRY, GPU, synthetic.adapter(GPU))
 
 
 def three_frameworks(results, seeds=(1, 2, 3), steps=60):

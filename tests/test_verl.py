@@ -286,8 +286,9 @@ def test_launch_serves_the_reward_model_to_verl_and_stops_the_server(planned_mod
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(next(line[len("STAND-IN "):] for line in proc.stdout.splitlines() if line.startswith("STAND-IN ")))
     assert out["cwd"] == str(run_dir)
-    assert out["scores"] == pytest.approx(direct_scores(model_inputs["inputs"], ["12+34="] * 2, ["46", "47"]),
-                                          rel=1e-5, abs=1e-6)
+    assert [s["score"] for s in out["scores"]] == pytest.approx(
+        direct_scores(model_inputs["inputs"], ["12+34="] * 2, ["46", "47"]), rel=1e-5, abs=1e-6)
+    assert [s["acc"] for s in out["scores"]] == [1.0, 0.0]  # the task's truth, whatever the reward
     assert "model reward, sha256 " + resolve_reward(model_inputs["inputs"])["sha256"] in \
         (run_dir / "reward_server.log").read_text()
     port = int(out["url"].rsplit(":", 1)[1])
@@ -332,7 +333,9 @@ def test_reward_bridge_is_the_shared_reward():
 
     for response, answer in (("46", "46"), ("4 6", "46"), ("146", "46"), ("47", "46")):
         got = compute_score("remax-bench/addition", response, answer, {"prompt": "12+34=", "num_turns": 2})
-        assert got == reward.score("12+34=", response, answer)
+        # verl trains on "score" and reports "acc" as its core validation metric: the eval greedy accuracy
+        assert got == {"score": reward.score("12+34=", response, answer),
+                       "acc": float(reward.correct(response, answer))}
     with pytest.raises(ValueError, match="lacks 'prompt'"):
         compute_score("remax-bench/addition", "46", "46", {})
 
@@ -451,7 +454,7 @@ def test_plan_composes_against_verls_packaged_config_and_passes_its_validation(c
     # every seed key verl 0.9.1 has carries the run's seed
     assert set(out["seed_keys"]) == set(vr.SEED_KEYS)
     assert all(values[k] == SEED for k in out["seed_keys"])
-    assert out["scores"] == [reward.score(p, r, a) for p, r, a in PROBE]
+    assert out["scores"] == [{"score": reward.score(p, r, a), "acc": float(reward.correct(r, a))} for p, r, a in PROBE]
     assert out["rendered"] == "<s>12+34="  # the raw prompt, as the reference backend sees it
 
 
@@ -472,8 +475,10 @@ def test_model_plan_composes_and_verl_loads_the_served_reward_function(verl_pyth
     assert out["values"]["reward.custom_reward_function.name"] == "compute_score_served"
     assert out["values"]["reward.reward_model.enable"] is False
     expected = direct_scores(model_inputs["inputs"], [p for p, _, _ in PROBE], [r for _, r, _ in PROBE])
-    assert out["scores"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    assert out["scores"] != [reward.score(p, r, a) for p, r, a in PROBE]  # the model scored, not the rule
+    scores = [s["score"] for s in out["scores"]]
+    assert scores == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert scores != [reward.score(p, r, a) for p, r, a in PROBE]  # the model scored, not the rule
+    assert [s["acc"] for s in out["scores"]] == [float(reward.correct(r, a)) for _, r, a in PROBE]
 
 
 @pytest.mark.parametrize("name", list(BAD))

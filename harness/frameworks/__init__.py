@@ -1,8 +1,9 @@
 """Registry of framework adapters: each framework is one module behind the same small interface.
 
 An adapter says how to get a run (an embedded `run`, or a `plan` for a real framework's launch directory),
-how to turn that run's own logs into the common schema (`ingest`), and what it needs (`needs_gpu`).
-Nothing outside this package knows framework names.
+how to turn that run's own logs into the common schema (`ingest`), and where it can run: a real framework runs on
+GPUs from its environment `env`, and on a CPU (`launch.device: cpu`) from `cpu_env` where it has a CPU path, or
+not at all, for the reason `cpu_blocker` gives. Nothing outside this package knows framework names.
 """
 
 from __future__ import annotations
@@ -25,8 +26,14 @@ class Adapter:
     log_glob: str  # the run's own logs inside its run directory
     run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
     plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
-    needs_gpu: bool = False
-    env: str | None = None  # name of its pinned environment, workflows/envs/<env>.txt (real frameworks)
+    env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
+    cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
+    cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
+    # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
+    # against the harness's tokens/s: the report's cross-check says it beside the two figures.
+    own_throughput: str = ""
+    # (run directory) -> eval record (the reference's eval.json form) from the framework's own evaluation, or None
+    evaluation: Callable[[Path], dict | None] | None = None
     # (): DataFrame with columns framework, case, max_abs_diff, verdict, note (harness.conformance vectors)
     conformance: Callable[[], pd.DataFrame] | None = None
 
@@ -50,6 +57,22 @@ def get_adapter(name: str) -> Adapter:
         return _REGISTRY[name]
     except KeyError:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
+
+
+def environment(adapter: Adapter, config: dict) -> str | None:
+    """The pinned environment a run of this adapter uses under this config (None: embedded, the harness's own)."""
+    return adapter.cpu_env if config["launch"]["device"] == "cpu" else adapter.env
+
+
+def not_runnable(adapter: Adapter, config: dict) -> str | None:
+    """Why this config's machines cannot run the framework at all; None when they can."""
+    if adapter.run is not None:
+        return None
+    if config["launch"]["device"] == "cpu":
+        return None if adapter.cpu_env else f"cannot run on a CPU: {adapter.cpu_blocker}"
+    if config["launch"]["gpus_per_node"] == 0:
+        return "needs GPUs (launch.gpus_per_node is 0 in this profile)"
+    return None
 
 
 IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")

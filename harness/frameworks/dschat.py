@@ -628,6 +628,13 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# Read in the official ReMax code at REMAX_COMMIT.
+CPU_BLOCKER = ("the official ReMax step 3 places everything on CUDA (step3_rlhf_finetuning/main.py: "
+               "torch.cuda.set_device and torch.device('cuda'); remax_trainer.py gathers rewards with .cuda(); "
+               "utils/ds_utils.py sizes ZeRO by torch.cuda.device_count()), and DeepSpeed's hybrid engine builds "
+               "GPU inference kernels for a Llama policy")
+
+
 register_framework(Adapter(
     name=NAME,
     description="DeepSpeed-Chat: the official ReMax code (liziniu/ReMax 536ba49) under the deepspeed launcher, "
@@ -635,7 +642,10 @@ register_framework(Adapter(
     ingest=ingest,
     log_glob="*.log",
     plan=plan,
-    needs_gpu=True,
     env="dschat",
+    cpu_blocker=CPU_BLOCKER,
+    own_throughput="perf.py's Samples/sec x Total Seq. Length: the configured maximum prompt + answer length, not "
+                   "the tokens generated, over its End-to-End latency (time.time() without device sync); above the "
+                   "harness's figure whenever answers stop before the maximum",
     conformance=conformance,
 ))

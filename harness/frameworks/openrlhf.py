@@ -334,13 +334,21 @@ def conformance() -> pd.DataFrame:
         return conformance_table(json.loads(out.read_text()))
 
 
+# Read in OpenRLHF 0.11.2's own source (the same facts tests/test_openrlhf.py works around with stand-in modules).
+CPU_BLOCKER = ("OpenRLHF 0.11.2 imports flash_attn at module level (openrlhf/models/ring_attn_utils.py, reached by "
+               "`import openrlhf.models`), and flash-attn 2.8.3 is a source package that needs CUDA to build; past "
+               "that, its Ray trainer, DeepSpeed strategy and vLLM worker extension call torch.cuda and nccl directly "
+               "(about 40 places in openrlhf/trainer/ray/, openrlhf/utils/deepspeed/deepspeed.py, "
+               "vllm_worker_wrap.py)")
+
+
 register_framework(Adapter(
     name=NAME,
     description=f"OpenRLHF {VERSION} (Ray + vLLM + DeepSpeed, colocated) with the harness's ReMax agent and estimator",
     ingest=ingest,
     log_glob=LOG,
     plan=plan,
-    needs_gpu=True,
     env=ENV,
+    cpu_blocker=CPU_BLOCKER,
     conformance=conformance,
 ))

