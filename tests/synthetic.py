@@ -15,7 +15,7 @@ import numpy as np
 from harness import HarnessError
 from harness.frameworks import Adapter
 from harness.io import write_json
-from harness.metrics import to_frame, write_metrics
+from harness.metrics import FRAMEWORK_THROUGHPUT, to_frame, write_metrics
 
 A100X8 = ["NVIDIA A100-SXM4-80GB"] * 8
 
@@ -32,8 +32,10 @@ def adapter(name: str) -> Adapter:
 
 
 def write_run(results: Path, framework: str, seed: int, *, steps: int, step_s: float, final_reward: float,
-              transition_s: float | None = 0.01, n_gpus: int = 0, gpus: list[str] | None = None) -> None:
-    """One synthetic run: metrics parquet (common schema) and a manifest marked synthetic."""
+              transition_s: float | None = 0.01, n_gpus: int = 0, gpus: list[str] | None = None,
+              own_throughput_ratio: float | None = None) -> None:
+    """One synthetic run: metrics parquet (common schema) and a manifest marked synthetic; with
+    `own_throughput_ratio`, a throughput figure of the framework's own, that ratio times the harness's."""
     rng = np.random.default_rng(zlib.crc32(f"{framework}/{seed}".encode()))
     rows = []
     for step in range(1, steps + 1):
@@ -47,6 +49,9 @@ def write_run(results: Path, framework: str, seed: int, *, steps: int, step_s: f
             tokens_baseline=512.0,
             reward_mean=final_reward * (1 - np.exp(-5 * step / steps)) + rng.normal(0, 0.02),
             reward_baseline_mean=0.0, kl_mean=0.01, response_length_mean=8.0))
+        if own_throughput_ratio is not None:
+            row = rows[-1]
+            row[FRAMEWORK_THROUGHPUT] = own_throughput_ratio * (row["tokens_prompt"] + row["tokens_response"]) / t
     write_metrics(to_frame(rows, f"synthetic {framework} seed {seed}"),
                   results / "metrics" / framework / f"seed{seed}.parquet")
     write_json(results / "runs" / framework / f"seed{seed}" / "manifest.json", {

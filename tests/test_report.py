@@ -198,6 +198,23 @@ def test_fairness_table_shows_effective_values_and_the_cause_of_each_mismatch(tm
     assert "the adapter does not map this key" in section and "no plan.json under results/plans" in section
 
 
+def test_the_frameworks_own_throughput_is_set_beside_the_harness_figure(tmp_path, frameworks):
+    results = tmp_path / "results"
+    synthetic.write_config(results, [FAST, SLOW, FLAT], [1, 2], steps=20, warmup=2)
+    for s in (1, 2):
+        synthetic.write_run(results, FAST, s, steps=20, step_s=0.5, final_reward=0.8, own_throughput_ratio=1.0)
+        # e.g. a figure from configured maximum lengths: 5% above the tokens really processed
+        synthetic.write_run(results, SLOW, s, steps=20, step_s=1.5, final_reward=0.8, own_throughput_ratio=1.05)
+        synthetic.write_run(results, FLAT, s, steps=20, step_s=1.0, final_reward=0.1)  # logs no figure of its own
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    section = page.split("The frameworks' own throughput figures against the harness's")[1].split("</table>")[0]
+    rows = {fw: row for row in section.split("<tr")[2:] for fw in (FAST, SLOW, FLAT) if f"<td>{fw}</td>" in row}
+    assert set(rows) == {FAST, SLOW}  # FLAT has nothing to cross-check
+    assert "<b>agree</b>" in rows[FAST] and "1.0000" in rows[FAST]
+    assert "<b>differ</b> by up to 5.0%" in rows[SLOW] and 'class="mismatch"' in rows[SLOW]
+
+
 def test_conformance_table_and_a_malformed_one(tmp_path, frameworks):
     results = tmp_path / "results"
     three_frameworks(results, seeds=(1,))

@@ -65,8 +65,10 @@ def metric_files():
     return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in RUNNABLE for s in SEEDS]
 
 
-def embedded_run_dirs():
-    return [d for fw in RUNNABLE if get_adapter(fw).run is not None for d in run_dirs(fw)]
+def runnable_run_dirs():
+    """Every run directory this profile makes: their eval.json (the reference's own, or one launch wrote from a
+    framework's own evaluation) give the summary's eval accuracy."""
+    return [d for fw in RUNNABLE for d in run_dirs(fw)]
 
 
 def final_outputs():

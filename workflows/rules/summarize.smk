@@ -2,7 +2,7 @@ rule summarize:
     input:
         config=rules.freeze_config.output[0],
         metrics=metric_files(),
-        runs=embedded_run_dirs(),
+        runs=runnable_run_dirs(),
     output:
         f"{RESULTS}/summary.csv",
     log:

@@ -1,0 +1,81 @@
+"""Benchmark: the cpu-frameworks profile's results against its targets, and what verl's runs cost around their steps.
+
+    time snakemake --cores all --configfile workflows/config/cpu-frameworks.yaml   # from a clean checkout
+    python benchmarks/cpu_frameworks.py [RESULTS_DIR]                               # default: results
+
+Prints, per completed run, the reward gain (mean of the last 10% of steps minus the first 10%) and the eval greedy
+accuracy before and after, and per verl run where its wall time went: verl's own step timer (timing_s/step, summed),
+its validation passes (timing_s/testing and the pass before training), and everything else. "Between steps" is the
+time outside verl's step timer from the end of step 1 to the end of the last step, per step: tqdm's elapsed time at
+each step (whole seconds, printed by verl's trainer) less the step times verl logged for the same steps. The harness
+runs nothing there (the shared reward is called inside verl's step); it is verl's own loop (metrics, loggers).
+Exits 1 when a learning target is missed: every framework's every seed gains >= 0.2 and its eval accuracy rises.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+TARGET_GAIN = 0.2
+_TQDM = re.compile(r"Training Progress:.*\|\s*(\d+)/(\d+) \[(?:(\d+):)?(\d+):(\d+)<")
+
+
+def tqdm_elapsed(console: Path) -> dict[int, int]:
+    """Seconds elapsed at each finished step, as verl's progress bar prints them (last print per step wins)."""
+    out = {}
+    for line in console.read_text(errors="replace").splitlines():
+        for m in _TQDM.finditer(line):
+            h, mm, ss = int(m.group(3) or 0), int(m.group(4)), int(m.group(5))
+            out[int(m.group(1))] = 3600 * h + 60 * mm + ss
+    return out
+
+
+def verl_costs(run: Path) -> dict:
+    records = [json.loads(x) for x in (run / "verl_metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = {r["step"]: r["data"] for r in records if "timing_s/step" in r["data"]}
+    launch = json.loads((run / "launch.json").read_text())
+    elapsed = tqdm_elapsed(run / "console.log")
+    last = max(steps)
+    step_sum = sum(d["timing_s/step"] for d in steps.values())
+    testing = sum(d.get("timing_s/testing", 0.0) for d in steps.values())
+    between = ((elapsed[last] - elapsed[1]) - sum(steps[s]["timing_s/step"] + steps[s].get("timing_s/testing", 0.0)
+                                                   for s in range(2, last + 1))) / (last - 1)
+    return {"steps": last, "wall_s": launch["end"] - launch["start"], "step_timer_s": step_sum,
+            "step_median_s": float(pd.Series([d["timing_s/step"] for d in steps.values()]).median()),
+            "first_step_s": steps[1]["timing_s/step"], "testing_s": testing,
+            "outside_steps_s": launch["end"] - launch["start"] - step_sum,
+            "between_steps_per_step_s": between}
+
+
+def main() -> int:
+    results = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
+    summary = pd.read_csv(results / "summary.csv")
+    missed = []
+    print("framework seed  reward first10 -> last10 (gain)   eval greedy accuracy   tokens/s")
+    for r in summary.itertuples():
+        gain_ok = r.reward_gain >= TARGET_GAIN
+        eval_ok = r.eval_accuracy_after > r.eval_accuracy_before
+        if not (gain_ok and eval_ok):
+            missed.append(f"{r.framework} seed {r.seed}")
+        print(f"{r.framework:9} {r.seed:4}  {r.reward_first10:.3f} -> {r.reward_last10:.3f} ({r.reward_gain:+.3f})"
+              f"{'' if gain_ok else ' MISSED'}   {r.eval_accuracy_before:.3f} -> {r.eval_accuracy_after:.3f}"
+              f"{'' if eval_ok else ' MISSED'}   {r.throughput_tok_s:,.0f}")
+    for run in sorted((results / "runs" / "verl").glob("seed*")):
+        c = verl_costs(run)
+        print(f"verl {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: verl's step timer {c['step_timer_s']:.0f} s"
+              f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
+              f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
+              f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")
+    if missed:
+        print(f"learning target missed (gain >= {TARGET_GAIN} and eval accuracy rising): {', '.join(missed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
