@@ -41,7 +41,7 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
         # Wall time over CPU time: about 1 (or 1 / threads) when the run had its cores, more when it waited for them.
         cpu_contention=float((measured["time_step_s"] / measured["time_step_cpu_s"]).median()),
         # Cores other processes kept busy on average while the run's steps ran (sums: /proc/stat counts in ticks).
-        cpu_foreign_load=float((measured["time_machine_busy_s"] - measured["time_step_cpu_s"]).sum()
+        cpu_foreign_load=float((measured["time_machine_busy_s"] - measured["time_step_cpu_s"]).sum(min_count=1)
                                / measured["time_step_s"].sum()),
         **{f"{c}_median": float(measured[c].median()) for c in TIMES},
         time_transition_s_p90=float(measured["time_transition_s"].quantile(0.9)),
