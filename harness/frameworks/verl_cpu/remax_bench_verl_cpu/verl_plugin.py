@@ -36,7 +36,8 @@ def _cpu_device_module():
         empty_cache=nothing, ipc_collect=nothing, set_per_process_memory_fraction=nothing,
         reset_peak_memory_stats=nothing, memory_allocated=zero, memory_reserved=zero, max_memory_allocated=zero,
         max_memory_reserved=zero, mem_get_info=mem_get_info, get_device_name=lambda *a, **k: "cpu",
-        get_rng_state=lambda *a, **k: torch.get_rng_state(), set_rng_state=lambda state, *a, **k: torch.set_rng_state(state),
+        get_rng_state=lambda *a, **k: torch.get_rng_state(),
+        set_rng_state=lambda state, *a, **k: torch.set_rng_state(state),
     )
     return module
 
