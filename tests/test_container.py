@@ -67,6 +67,7 @@ def planned_apptainer(a100x8, tmp_path, monkeypatch):
     config = json.loads(json.dumps(a100x8["config"]))
     config["container"]["runtime"] = "apptainer"
     config["remax"]["train_batch_size"] = 32  # DeepSpeed-Chat needs 20 batches per epoch of the fixture's prompts
+    config["verl"]["micro_batch_size_per_gpu"] = 4  # verl's micro-batch must divide the 32 / 8 rows of each GPU
     config["dschat"]["checkout"] = str(tmp_path / "results" / "src" / "ReMax")
     inputs = tmp_path / "inputs"
     shutil.copytree(a100x8["inputs"], inputs, symlinks=True)
