@@ -48,6 +48,7 @@ def model_reward_inputs(root: Path) -> dict:
     raw["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "sft": {"steps": 0}}
     raw["task"].update(n_train=2000, n_eval=100)
     raw["remax"].update(train_batch_size=32, max_prompt_length=64, max_response_length=8)
+    raw["verl"] = {**raw.get("verl", {}), "micro_batch_size_per_gpu": 4}  # divides each of 8 GPUs' 32 / 8 rows
     checkpoint = root / "reward-ckpt"
     rows = task.generate({**validate_config(raw)["task"], "n_train": 50, "n_eval": 0})
     save_reward_model(checkpoint, [r["prompt"] + r["answer"] for r in rows])
