@@ -308,7 +308,9 @@ def test_served_reward_function_is_the_reward_servers_answer(model_inputs, tmp_p
                 mp.setenv(k, v)
             got = [verl_reward.compute_score_served("remax-bench/addition", r, "46", {"prompt": p})
                    for p, r in zip(prompts, responses)]
-    assert got == pytest.approx(direct_scores(model_inputs["inputs"], prompts, responses), rel=1e-5, abs=1e-6)
+    assert [g["score"] for g in got] == pytest.approx(
+        direct_scores(model_inputs["inputs"], prompts, responses), rel=1e-5, abs=1e-6)
+    assert [g["acc"] for g in got] == [1.0, 0.0, 0.0]  # exact match against the ground truth "46"
     with pytest.raises(RuntimeError, match=verl_reward.URL_VAR):
         verl_reward.compute_score_served("remax-bench/addition", "46", "46", {"prompt": "12+34="})
 
