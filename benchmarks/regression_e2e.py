@@ -1,23 +1,31 @@
-"""End-to-end proof of the regression alerts: the real pipeline, a history, a baseline, then 0% and 10% slowdown.
+"""End-to-end proof of the regression alerts on a slowdown in the code: it alerts while it lasts, not after its fix.
 
-    python benchmarks/regression_e2e.py [--configfile FILE] [--history 8] [--workdir DIR] [--slowdown 0.1]
+    python benchmarks/regression_e2e.py [--configfile FILE] [--workdir DIR] [--history 8] [--fraction 0.4]
+                                        [--clean-before 1] [--slow 3] [--clean-after 3]
 
-In one working directory (kept; default: a new temporary one):
-1. `--history` nightly runs of the pipeline with no injected slowdown, each appended to results/history by the
-   pipeline's `history` rule (`snakemake --cores all all history`, runs redone with --forcerun run_embedded);
+In one working directory (kept; default: a new temporary one), with the real pipeline and the real
+`snakemake ... check`:
+1. `--history` nightly runs of the pipeline, each appended to results/history by the pipeline's `history` rule
+   (`snakemake --cores all all history`, runs redone with --forcerun run_embedded); a workdir that already holds a
+   history (e.g. from `regression_power.py measure`) can be reused with --history 0;
 2. `remax-bench baseline update` from the last 5 of them -> WORKDIR/baselines/<profile>.json;
-3. one more nightly run, `snakemake --cores all all check`, with `reference.inject_slowdown: 0` (expect exit 0);
-4. one with `reference.inject_slowdown: --slowdown` (expect the check target to fail with a throughput alert).
-Prints both checks' status and throughput line, exits 1 unless the 0 run passes and the slowed run alerts on
-throughput. With no --configfile it runs the default (cpu) profile: about 2.5 minutes per night on a quiet
-2-core machine; the timings mean something only when nothing else runs meanwhile. A workdir that already holds
-a history (e.g. from `regression_power.py measure`) can be reused with --history 0.
+3. `--clean-before` nights of this checkout, `snakemake --cores all all check` (expect exit 0, no alert);
+4. `--slow` nights of a slower harness: a clone of this checkout's HEAD with one commit that adds an extra
+   reference-model forward pass over `--fraction` of the batch's rows to every training step (the kind of slip a
+   refactoring makes; the config, its hash and the inputs stay exactly as they were, as with a real regression),
+   imported ahead of this checkout through PYTHONPATH (expect a throughput alert every night);
+5. `--clean-after` nights of this checkout again: the slowdown reverted (expect exit 0, no alert, every night).
+Prints each night's exit status and throughput lines, copies each night's alerts.md into the workdir, and exits 1
+unless every slow night alerts and no clean night does. On the cpu-short profile
+(benchmarks/regression_short.yaml) a night takes about a minute on a quiet 2-core machine; the timings mean
+something only when nothing else runs meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,17 +33,40 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The fault, applied to harness/frameworks/reference.py in the slower clone: right after the step's reference
+# forward pass, another one over the first rows of the batch whose result nobody uses.
+ANCHOR = "        ref_logprobs = token_logprobs(ref, full_ids, full_attn)[:, start:]\n"
+FAULT = ("        rows = max(1, round(len(full_ids) * {fraction}))\n"
+         "        token_logprobs(ref, full_ids[:rows], full_attn[:rows])\n")
 
 
-def snakemake(workdir: Path, configfiles: list[Path], *targets: str, forcerun: bool) -> int:
-    cmd = [shutil.which("snakemake") or "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+def snakemake(workdir: Path, configfiles: list[Path], *targets: str, forcerun: bool, harness: Path = REPO) -> int:
+    cmd = [shutil.which("snakemake") or "snakemake", "-s", str(harness / "Snakefile"), "--directory", str(workdir),
            "--cores", "all", *targets, *(["--forcerun", "run_embedded"] if forcerun else [])]
     if configfiles:
         cmd += ["--configfile", *map(str, configfiles)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(harness), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode and "check" not in targets:
         sys.exit(f"snakemake failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.returncode
+
+
+def slower_harness(root: Path, fraction: float) -> tuple[Path, str]:
+    """A clone of HEAD with the fault committed on top; returns its path and commit."""
+    clone = root / "slower-harness"
+    shutil.rmtree(clone, ignore_errors=True)
+    subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(clone)], check=True)
+    target = clone / "harness" / "frameworks" / "reference.py"
+    source = target.read_text()
+    if source.count(ANCHOR) != 1:
+        sys.exit(f"{target}: the reference forward pass the fault follows is not there once; update ANCHOR")
+    target.write_text(source.replace(ANCHOR, ANCHOR + FAULT.format(fraction=fraction)))
+    git = ["git", "-C", str(clone), "-c", "user.name=regression-e2e", "-c", "user.email=regression-e2e@localhost"]
+    subprocess.run([*git, "commit", "--quiet", "-am", f"extra reference forward over {fraction:.0%} of the rows"],
+                   check=True)
+    return clone, subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
 
 
 def summary_line(results: Path) -> str:
@@ -47,9 +78,9 @@ def summary_line(results: Path) -> str:
             change = "n/a" if c["change"] is None else f"{c['change']:+.1f}%"
             noise = "n/a" if ev["noise"] is None else f"{ev['noise']:.1f}%"
             z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
-            lines.append(f"  {c['framework']} {c['metric']} ({c['class']}): {c['status']}, change {change}, "
-                         f"noise {noise}, z {z}, "
-                         f"{ev['n_history_runs']} history runs, {len(ev['seeds'])} seeds")
+            reason = f" ({c['reason']})" if c.get("reason") else ""
+            lines.append(f"  {c['framework']} {c['metric']} ({c['class']}): {c['status']}{reason}, change {change}, "
+                         f"noise {noise}, z {z}, {ev['n_history_runs']} history runs, {len(ev['seeds'])} seeds")
     return "\n".join(lines)
 
 
@@ -58,7 +89,11 @@ def main() -> int:
     ap.add_argument("--configfile", type=Path, default=None)
     ap.add_argument("--history", type=int, default=8, help="no-change nightly runs before the checks")
     ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--slowdown", type=float, default=0.1)
+    ap.add_argument("--fraction", type=float, default=0.4,
+                    help="share of the batch's rows the extra reference forward pass covers (0.4: about 5%% slower)")
+    ap.add_argument("--clean-before", type=int, default=1)
+    ap.add_argument("--slow", type=int, default=3)
+    ap.add_argument("--clean-after", type=int, default=3)
     args = ap.parse_args()
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="remax-bench-e2e-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -74,21 +109,31 @@ def main() -> int:
     if proc.returncode:
         sys.exit(proc.stderr)
     print(proc.stdout.strip())
+    slow_harness, slow_commit = slower_harness(workdir, args.fraction)
+    print(f"slower harness: {slow_harness} at {slow_commit[:12]} (extra reference forward over "
+          f"{args.fraction:.0%} of the rows)")
 
-    outcome = {}
-    for slowdown in (0.0, args.slowdown):
-        knob = workdir / f"slowdown-{slowdown}.yaml"
-        knob.write_text(f"reference: {{inject_slowdown: {slowdown}}}\n")
-        rc = snakemake(workdir, [*base, knob], "all", "check", forcerun=True)
+    nights = ([("clean", REPO)] * args.clean_before + [("slow", slow_harness)] * args.slow
+              + [("fixed", REPO)] * args.clean_after)
+    ok = True
+    for i, (kind, harness) in enumerate(nights, 1):
+        rc = snakemake(workdir, base, "all", "check", forcerun=True, harness=harness)
         alerts = json.loads((results / "alerts.json").read_text())
+        manifest = json.loads(next((results / "runs").glob("*/seed*/manifest.json")).read_text())
+        if (manifest["git"]["commit"] == slow_commit) != (kind == "slow"):
+            sys.exit(f"night {i} ({kind}): the runs were made by harness commit {manifest['git']['commit']}, not the "
+                     "one this night was meant to run: PYTHONPATH did not take effect")
         # Whichever throughput figure decides (in probe units where the run has a probe) is the throughput alert.
-        tput = {c["status"] for c in alerts["checks"] if c["class"] == "alert" and c["metric"].startswith("throughput")}
-        outcome[slowdown] = (rc, alerts["status"], "regression" if "regression" in tput else ", ".join(sorted(tput)))
-        print(f"inject_slowdown {slowdown}: `snakemake ... check` exit {rc}; {summary_line(results)}", flush=True)
-        shutil.copy2(results / "alerts.md", workdir / f"alerts-slowdown-{slowdown}.md")
-    quiet, slow = outcome[0.0], outcome[args.slowdown]
-    ok = quiet[0] == 0 and quiet[1] != "regression" and slow[0] != 0 and slow[2] == "regression"
-    print(f"workdir {workdir}: " + ("PASS" if ok else "FAIL") + " (0 run: no alert; slowed run: throughput alert)")
+        alerted = any(c["class"] == "alert" and c["metric"].startswith("throughput") and c["status"] == "regression"
+                      for c in alerts["checks"])
+        expected = kind == "slow"
+        ok &= alerted == expected and (rc != 0) == expected
+        print(f"night {i} ({kind}): `snakemake ... check` exit {rc}, "
+              f"{'ALERT' if alerted else 'no alert'}{'' if alerted == expected else ' (WRONG)'}; "
+              f"{summary_line(results)}", flush=True)
+        shutil.copy2(results / "alerts.md", workdir / f"alerts-night{i}-{kind}.md")
+    print(f"workdir {workdir}: " + ("PASS" if ok else "FAIL") + " (slow nights: throughput alert; clean nights "
+          "before and after the fix: no alert)")
     return 0 if ok else 1
 
 

@@ -11,8 +11,11 @@ The method (docs/regression.md explains it for users):
   residuals. Rolling medians and MAD let an earlier regression or a freak run neither hide nor fake noise.
 - A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
   and by more than any past run deviated (heavy tails), in this run or on average over this and up to
-  PERSISTENCE - 1 previous runs, all worse (persistence: a lasting small drop is caught on a later night). With
-  fewer than MIN_HISTORY past runs the noise is not known, and the check says so.
+  PERSISTENCE - 1 previous runs (persistence: a lasting small drop is caught on a later night). Persistence counts
+  only an unbroken run of nights each worse by Z_SUPPORT noise levels on its own, this one first: a night back
+  within noise neither alerts through the nights before it nor lets a later night lean on them, so a fixed
+  regression stops alerting the night the fix lands, and the check says since when. With fewer than MIN_HISTORY
+  past runs the noise is not known, and the check says so.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
@@ -47,6 +50,7 @@ MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
 PERSISTENCE = 5  # runs (this one and the previous ones, a working week) whose mean change may confirm a drop
+Z_SUPPORT = 1.5  # noise levels a night must be worse by on its own before persistence may count it
 MAD_TO_SIGMA = 1.4826
 REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
@@ -300,11 +304,13 @@ def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
 
 
 def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
-           history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None) -> dict:
+           history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None,
+           runs: list[str] | None = None) -> dict:
     """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
 
     `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
-    `baseline`: seed -> values over its runs; `history`: past runs x seeds of transformed values (for the noise).
+    `baseline`: seed -> values over its runs; `history`: past runs x seeds of transformed values (for the noise);
+    `runs`: the names of this run and of the `previous` ones, for saying since when a series is back to its baseline.
     """
     tr = metric.transform
     base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
@@ -319,7 +325,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
            "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
                                  f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more "
                                  "than any past run deviated, in this run or on average over this and up to "
-                                 f"{PERSISTENCE - 1} previous runs (all worse)"),
+                                 f"{PERSISTENCE - 1} previous runs, each worse by >= {Z_SUPPORT} x noise on its own"),
                         "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
@@ -373,9 +379,22 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         mean, m = float(np.mean(ws)), len(ws)
         s_m, n_m, largest_m = nulls[m]
         return (n_m >= MIN_HISTORY and mean >= metric.min_effect and mean / (max(s_m, 1e-12) * shrink[m]) >= Z_CRIT
-                and mean > largest_m * shrink[m] and all(w > 0 for w in ws))
+                and mean > largest_m * shrink[m])
 
-    persisted = next((m for m in range(2, len(changes) + 1) if decided(changes[:m])), None)
+    def worse_itself(w: float) -> bool:
+        """A night worse than the noise on its own figure: the only kind persistence may add to or confirm."""
+        return w / sigma >= Z_SUPPORT
+
+    def same_level(w: float) -> bool:
+        """An earlier night not clearly worse than this one (by Z_CRIT noise levels of the difference of two runs,
+        in which the baseline's error cancels): a night clearly better than those before it has changed since."""
+        return w - worse < Z_CRIT * sigma * math.sqrt(2)
+
+    # Persistence confirms a night only with the unbroken run of nights before it that are each worse on their own
+    # and at this night's level: a night back within noise ends the run, and a fixed night is not carried by the
+    # regressed nights before it, so an earlier night's verdict never carries into a fixed one.
+    streak = next((k for k, w in enumerate(changes) if not (worse_itself(w) and same_level(w))), len(changes))
+    persisted = next((m for m in range(2, streak + 1) if decided(changes[:m])), None)
     if decided([worse]):
         out["status"] = "regression"
     elif persisted:
@@ -385,6 +404,10 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         out["status"] = "improved"
     else:
         out["status"] = "ok"
+        back = next((k for k, w in enumerate(changes) if worse_itself(w)), None)
+        if back and runs and back < len(runs):
+            out["reason"] = (f"back to the baseline since run {runs[back - 1]}: run {runs[back]} before it was "
+                             f"{metric.change(sign * changes[back]):+.1f}{unit} (z {changes[back] / sigma:+.1f})")
     return out
 
 
@@ -454,7 +477,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
             continue  # a metric this backend does not measure (CPU time on accelerators)
         previous = [{r["seed"]: v if (v := extract[m.name](r)) is None or not m.log_scale or v > 0 else None
                      for r in history if r["pipeline_run"] == run} for run in recent]
-        result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous)
+        result = assess(m, current, baseline, _series_table(rows, m, extract[m.name]), previous, [now, *recent])
         if m.name == ADJUSTED:
             result["evidence"]["machine_sensitivity"] = {
                 "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
@@ -505,7 +528,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,
+            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "persistence": PERSISTENCE, "z_support": Z_SUPPORT,
                        "noise": "1.4826 x MAD of run residuals "
                        f"around a rolling median of {2 * NEIGHBOURS} neighbouring runs, median over seeds"},
             "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
@@ -575,7 +598,8 @@ def render_markdown(result: dict) -> str:
               "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
               f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
-              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, all worse); with "
+              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at least "
+              f"{Z_SUPPORT} noise levels on its own); with "
               f"fewer than {MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, run_cli, snakemake
 from harness.config import load_config
 from harness.history import HISTORY_DIR, append
-from harness.regression import METRICS, MIN_HISTORY, assess, machine_sensitivity, noise_level
+from harness.regression import METRICS, MIN_HISTORY, PERSISTENCE, assess, machine_sensitivity, noise_level
 from test_history import make_results
 
 THROUGHPUT = METRICS[0]
@@ -157,6 +157,57 @@ def test_one_seed_hit_by_a_load_spike_does_not_alert():
     slow = assess(THROUGHPUT, {0: 930.0, 1: 935.0, 2: 940.0}, baseline, history)
     fast = assess(THROUGHPUT, {0: 1100.0, 1: 1090.0, 2: 1080.0}, baseline, history)
     assert slow["status"] == "regression" and fast["status"] == "improved"
+
+
+def nightly_verdicts(values, history=12, baseline_runs=5):
+    """Each night after the first `history` judged as `check` judges it: against the nights before it (the noise),
+    the last `baseline_runs` of the first `history` (the baseline) and the most recent nights (persistence)."""
+    out = []
+    for night in range(history, len(values)):
+        past = values[:night]
+        result = assess(THROUGHPUT, dict(enumerate(values[night])),
+                        {s: list(values[history - baseline_runs:history, s]) for s in range(values.shape[1])},
+                        _history(past), [dict(enumerate(r)) for r in past[::-1][:PERSISTENCE - 1]],
+                        [f"r{i}" for i in range(night, night - PERSISTENCE, -1)])
+        out.append(result)
+    return out
+
+
+def quiet_nights(n, seed=5, sd=0.01):
+    return 1000 * np.exp(sd * np.random.default_rng(seed).standard_normal((n, 3)))
+
+
+def test_after_a_fix_only_the_regressed_nights_alert_and_the_recovery_is_said():
+    """The nightly sequence users met: two nights 12% slower, the slowdown reverted, then nights whose own figure
+    is within noise though still a little below the baseline (-1.2%, -0.5%, as measured): they must not alert."""
+    values = quiet_nights(12)
+    slow, after = values[-1] * 0.88, values[-1] * np.array([[0.988], [0.995], [1.0], [0.99]])
+    verdicts = nightly_verdicts(np.vstack([values, slow, slow * 1.002, after]))
+    assert [v["status"] for v in verdicts] == ["regression"] * 2 + ["ok"] * 4
+    assert all("back to the baseline since run r14: run r13 before it was -1" in v["reason"] for v in verdicts[2:])
+
+
+def test_a_regression_that_lasts_alerts_every_night_and_a_small_one_by_persistence():
+    values = quiet_nights(12, sd=0.04)
+    sigma, _ = noise_level(_history(values))
+    lasting = nightly_verdicts(np.vstack([values, values[:6] * 0.75]))
+    assert [v["status"] for v in lasting] == ["regression"] * 6
+    # Worse by 2.5 noise levels a night, more than the minimum effect: below z 3 alone, beyond it on average.
+    assert 2.5 * sigma > THROUGHPUT.min_effect
+    small = np.exp(-2.5 * sigma)
+    creeping = nightly_verdicts(np.vstack([values, np.tile(values[-5:].mean(axis=0), (4, 1)) * small]))
+    assert creeping[0]["status"] == "ok" and creeping[0]["evidence"]["z"] < 3
+    assert [v["status"] for v in creeping[1:]] == ["regression"] * 3
+    assert all("persisted over the last" in v["reason"] for v in creeping[1:])
+
+
+def test_a_slow_drift_alerts_once_it_passes_the_minimum_effect_and_every_night_after():
+    values = quiet_nights(12)
+    drift = values[-5:].mean(axis=0) * np.exp(-0.01 * np.arange(1, 9))[:, None]  # 1% slower each night
+    verdicts = nightly_verdicts(np.vstack([values, drift]))
+    first = next(i for i, v in enumerate(verdicts) if v["status"] == "regression")
+    assert all(v["status"] == "regression" for v in verdicts[first:])
+    assert verdicts[first]["change"] <= -100 * THROUGHPUT.min_effect and first <= 5
 
 
 def test_noise_level_ignores_an_earlier_level_shift_and_a_freak_run():
