@@ -18,8 +18,9 @@ change (false alarms); with the nights' throughput multiplied by 0.95, each slow
 next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two
 nights 10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
 rates for 1 to 3 seeds and several history lengths, and exits 1 when no row meets the targets (<= 1% false alarms,
-after a fix too, and >= 95% detection of a lasting 5% drop by night DETECT_BY). Contended runs are left out first, as the check leaves them out. The
-metrics that alert are the check's: where the data has the machine-speed probe, the throughput adjusted by it
+after a fix too, and >= 95% detection of a lasting 5% drop by night DETECT_BY). With --otava it judges the same
+series with Apache Otava's change-point detection too. Contended runs are left out first, as the check leaves
+them out. The metrics that alert are the check's: where the data has the machine-speed probe, the throughput adjusted by it
 (its sensitivity fitted on each synthetic history, as the check fits it) alone stands for throughput; a slower
 step slows the throughput by the drop, and the probe, timed outside the step, stays as it was.
 """
@@ -190,7 +191,8 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
     if proc.returncode:
         sys.exit(f"Otava failed:\n{proc.stderr[-3000:]}")
     nights = len(next(v for kind, v, _ in cases if kind == "slowed")) - history
-    counts = {"false_alarm": 0, "false_alarm_after_fix": 0, **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
+    counts = {"false_alarm": 0, "false_alarm_after_fix": 0,
+              **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
     trials = after_fix = 0
 
     def new_drops(before: list, after: list) -> list[int]:

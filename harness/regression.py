@@ -404,7 +404,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         out["status"] = "improved"
     else:
         out["status"] = "ok"
-        back = next((k for k, w in enumerate(changes) if worse_itself(w)), None)
+        back = next((k for k, w in enumerate(changes) if decided([w])), None)  # the last night worse on its own
         if back and runs and back < len(runs):
             out["reason"] = (f"back to the baseline since run {runs[back - 1]}: run {runs[back]} before it was "
                              f"{metric.change(sign * changes[back]):+.1f}{unit} (z {changes[back] / sigma:+.1f})")
@@ -598,9 +598,8 @@ def render_markdown(result: dict) -> str:
               "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
               f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
-              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at least "
-              f"{Z_SUPPORT} noise levels on its own); with "
-              f"fewer than {MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at "
+              f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than {MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
     return "\n".join(lines)
 
 
