@@ -599,7 +599,8 @@ def render_markdown(result: dict) -> str:
               f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
               f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at "
-              f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than {MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+              f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than "
+              f"{MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
     return "\n".join(lines)
 
 
