@@ -182,8 +182,12 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
             alarm = alerts(fixed, history + fixed_after + k)
             counts["false_alarm_after_fix"] += bool(alarm)
             counts["false_alarm_after_fix_throughput"] += bool(alarm & speed)
-    rates = {k: v / trials / (after_fix if "after_fix" in k else 1) for k, v in counts.items()}  # per night
-    return rates
+    return per_night(counts, trials, after_fix)
+
+
+def per_night(counts: dict[str, int], trials: int, after_fix: int) -> dict[str, float]:
+    """Counts over `trials` series as rates; the after-a-fix counts per night judged, as the clean-history one is."""
+    return {k: v / trials / (max(after_fix, 1) if "after_fix" in k else 1) for k, v in counts.items()}
 
 
 def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -> dict:
@@ -219,9 +223,7 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
             after_fix = len(alerts)
             counts["false_alarm_after_fix"] += sum(any(not history - 1 <= i <= history + 1 for i in new)
                                                    for new in alerts)
-    rates = {k: v / trials for k, v in counts.items()}
-    rates["false_alarm_after_fix"] /= max(after_fix, 1)
-    return rates
+    return per_night(counts, trials, after_fix)
 
 
 def power(args) -> int:

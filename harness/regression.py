@@ -325,7 +325,8 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
            "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
                                  f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more "
                                  "than any past run deviated, in this run or on average over this and up to "
-                                 f"{PERSISTENCE - 1} previous runs, each worse by >= {Z_SUPPORT} x noise on its own"),
+                                 f"{PERSISTENCE - 1} previous runs, each worse by >= {Z_SUPPORT} x noise on its own "
+                                 "and not clearly worse than this one"),
                         "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
