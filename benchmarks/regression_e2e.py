@@ -36,11 +36,12 @@ from pathlib import Path
 from regression_power import DETECT_BY  # the night by which a lasting drop of about 5% must be caught
 
 REPO = Path(__file__).resolve().parents[1]
-# The fault, applied to harness/frameworks/reference.py in the slower clone: right after the step's reference
-# forward pass, another one over the first rows of the batch whose result nobody uses.
-ANCHOR = "        ref_logprobs = token_logprobs(ref, full_ids, full_attn)[:, start:]\n"
-FAULT = ("        rows = max(1, round(len(full_ids) * {fraction}))\n"
-         "        token_logprobs(ref, full_ids[:rows], full_attn[:rows])\n")
+# The fault, applied to harness/frameworks/reference_backend.py in the slower clone: right after the step's
+# reference forward pass, another one over the first prompts of the batch (and their responses) whose result nobody
+# uses.
+ANCHOR = "        ref_logprobs = response_logprobs(ref, ids, attn, response, n)\n"
+FAULT = ("        rows = max(1, round(len(ids) * {fraction}))\n"
+         "        response_logprobs(ref, ids[:rows], attn[:rows], response[:rows * n], n)\n")
 
 
 def snakemake(workdir: Path, configfiles: list[Path], *targets: str, forcerun: bool, harness: Path = REPO) -> int:
@@ -60,7 +61,7 @@ def slower_harness(root: Path, fraction: float) -> tuple[Path, str]:
     clone = root / "slower-harness"
     shutil.rmtree(clone, ignore_errors=True)
     subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(clone)], check=True)
-    target = clone / "harness" / "frameworks" / "reference.py"
+    target = clone / "harness" / "frameworks" / "reference_backend.py"
     source = target.read_text()
     if source.count(ANCHOR) != 1:
         sys.exit(f"{target}: the reference forward pass the fault follows is not there once; update ANCHOR")

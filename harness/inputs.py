@@ -6,7 +6,6 @@ from pathlib import Path
 
 from harness import HarnessError, task
 from harness.io import atomic_path, read_json_object, record_hash, sha256_tree, verify_hash, write_json
-from harness.policy import make_policy
 from harness.shared_reward import rule_identity
 
 DATASET = "dataset.jsonl"
@@ -29,6 +28,8 @@ def build_policy(config: dict, inputs_dir: str | Path) -> str:
     inputs_dir = Path(inputs_dir)
     if config["policy"]["path"]:
         return link_policy(Path(config["policy"]["path"]), inputs_dir / POLICY)
+    from harness.policy import make_policy  # torch and Transformers for this stage only: every stage reads inputs
+
     verify_hash(inputs_dir / DATASET)
     dataset = task.read_dataset(inputs_dir / DATASET)
     record = make_policy(dataset, config, inputs_dir / POLICY)

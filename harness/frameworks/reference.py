@@ -1,264 +1,31 @@
-"""The embedded reference ReMax backend: small, readable, runs anywhere (CUDA when present, else CPU).
+"""The embedded reference ReMax backend (adapter): its registration and the ingest of its step log.
 
-It keeps a rollout model and a trainer model apart, as the real frameworks keep a generation engine and a
-training engine apart, so moving updated weights into the rollout model is a real, timed transition.
-One iteration: sample n responses per prompt and one greedy response per prompt (the baseline) with the
-rollout model; score both with the shared reward; reference-policy log-probs for the KL penalty; one
-REINFORCE update of the trainer (harness.remax); copy the new weights into the rollout model.
-The shared reward (the rule, or a reward model: harness.shared_reward) scores samples and greedy responses in
-one call; the task's exact-match accuracy of the samples is logged beside it, so a reward model's score can be
-read against the truth.
+The training loop is harness.frameworks.reference_backend and the model harness.frameworks.reference_model; both
+load torch and Transformers, which the registry must not: the Snakefile and every light stage (freeze-config,
+dataset, ingest, summarize, report, history) read the registry, and a job that imports torch for nothing spends
+seconds before its first line of work.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import time
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
-import torch
 
-import harness
-from harness import HarnessError, metrics, remax, reward, task
+from harness import HarnessError, metrics
 from harness.frameworks import Adapter, register_framework
-from harness.inputs import resolve_inputs
-from harness.io import atomic_path, write_json
-from harness.manifest import build_manifest
-from harness.policy import load_policy, seed_everything, token_logprobs
-from harness.shared_reward import SharedReward, load_shared_reward
 
 NAME = "reference"
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 STEP_LOG = "steps.jsonl"
 
 
-def _device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise HarnessError("config: at reference.device: 'cuda' requested but no CUDA device is available")
-    return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
-
-
-class _Clock:
-    """Wall-clock timer that synchronizes the device first, so queued kernels are counted where they ran."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        # The probe's operands: fixed, and drawn from their own generator so the run's random stream is untouched.
-        g = torch.Generator().manual_seed(0)
-        self._probe_x = torch.randn(64, 64, generator=g)
-        self._probe_w = (torch.randn(64, 256, generator=g) / 8, torch.randn(256, 64, generator=g) / 16)
-
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def cpu_now(self) -> float | None:
-        """CPU time of this process; None on CUDA, where the host's CPU time says nothing about the work done."""
-        return None if self.device.type == "cuda" else time.process_time()
-
-    def machine_busy(self) -> float | None:
-        """CPU-seconds every process on the machine has been busy since boot (Linux /proc/stat, steal included);
-        minus this process's own CPU time, it is what other jobs took from the cores while a step ran."""
-        if self.device.type == "cuda":
-            return None
-        try:
-            with open("/proc/stat") as f:
-                ticks = [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        user, nice, system, idle, iowait, irq, softirq, steal = ticks
-        return (user + nice + system + irq + softirq + steal) / _TICKS_PER_S
-
-    def probe(self) -> float | None:
-        """Seconds a fixed, small torch workload takes right now, on the run's own threads (CPU; None on CUDA).
-
-        A shared or virtual CPU runs faster or slower from minute to minute (frequency, other tenants' cache and
-        memory traffic), and that drift is most of the run-to-run noise of a throughput figure. Timed after every
-        step, outside the step, the probe feels the same drift, and the regression check takes it out of the
-        throughput (harness.regression.machine_sensitivity), while a slowdown in the run's own code leaves the
-        probe as it was. Its shapes are those of a small transformer block, like the CPU profiles' policy; it does
-        not use the policy, so a slower model or training loop cannot slow the probe with it."""
-        if self.device.type == "cuda":
-            return None
-        x = self._probe_x
-        t0 = time.perf_counter()
-        for _ in range(8):
-            h = torch.nn.functional.gelu(x @ self._probe_w[0])
-            x = torch.softmax(torch.nn.functional.layer_norm(x + h @ self._probe_w[1], (64,)), -1)
-        return time.perf_counter() - t0
-
-
-def _generate(model, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
-    enc = tokenizer(prompts, padding=True, return_tensors="pt").to(device)
-    ids, attn = enc["input_ids"].repeat_interleave(n, 0), enc["attention_mask"].repeat_interleave(n, 0)
-    sampling = {"do_sample": False} if greedy else {
-        "do_sample": True, "temperature": remax_cfg["temperature"], "top_p": remax_cfg["top_p"], "top_k": 0}
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=remax_cfg["max_response_length"],
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling,
-        )
-    response = out[:, ids.shape[1]:]
-    mask = remax.response_mask(response, tokenizer.eos_token_id)
-    return ids, attn, response, mask
-
-
-def _decode(tokenizer, response: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    return [tokenizer.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(response, mask)]
-
-
-def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: int, device,
-             shared: SharedReward) -> dict:
-    """Greedy accuracy (the task's truth) and mean shared reward on `rows` (untimed; not part of any step)."""
-    hits, total = 0, 0.0
-    for i in range(0, len(rows), batch_size):
-        batch = rows[i:i + batch_size]
-        prompts, answers = [r["prompt"] for r in batch], [r["answer"] for r in batch]
-        _, _, response, mask = _generate(model, tokenizer, prompts, n=1, greedy=True, remax_cfg=remax_cfg,
-                                         device=device)
-        texts = _decode(tokenizer, response, mask)
-        hits += sum(reward.correct(t, a) for t, a in zip(texts, answers))
-        total += sum(shared.score(prompts, texts, answers))
-    return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
-
-
-def _busy_wait(seconds: float) -> None:
-    """Extra CPU work for `seconds`: a known, injected slowdown to prove that regression checks catch one."""
-    end = time.perf_counter() + seconds
-    x = torch.ones(64, 64)
-    while time.perf_counter() < end:
-        x = (x @ x).clamp_(max=1.0)
-
-
-@torch.no_grad()
-def _sync_weights(src, dst) -> None:
-    for p_dst, p_src in zip(dst.parameters(), src.parameters()):
-        p_dst.copy_(p_src)
-
-
 def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
-    """Train for config.remax.steps; write metrics.parquet, steps.jsonl, eval.json, manifest.json into out_dir.
+    """Train one seed: metrics.parquet, steps.jsonl, eval.json and manifest.json in out_dir (reference_backend)."""
+    from harness.frameworks.reference_backend import train  # torch on use only (module docstring)
 
-    The directory appears only when the run has finished: an interrupted run leaves nothing that looks complete.
-    """
-    inputs = resolve_inputs(inputs_dir)
-    dataset = task.read_dataset(inputs["dataset"]["path"])
-    rc, xc = config["remax"], config["reference"]
-    device = _device(xc["device"])
-    if device.type == "cpu" and xc["threads"]:
-        torch.set_num_threads(xc["threads"])
-    run_id = f"{NAME}-{config['profile']}-s{seed}"
-    framework_version = harness.__version__
-
-    seed_everything(seed)
-    shared = load_shared_reward(inputs["reward"], device=config["reward"]["device"],
-                                batch_size=config["reward"]["batch_size"], max_length=config["reward"]["max_length"])
-    trainer, tokenizer = load_policy(inputs["policy"]["path"], device)
-    rollout, _ = load_policy(inputs["policy"]["path"], device)
-    ref, _ = load_policy(inputs["policy"]["path"], device)
-    for frozen in (rollout, ref):
-        frozen.eval().requires_grad_(False)
-    trainer.train()
-    optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
-    clock = _Clock(device)
-    rng = random.Random(seed)
-    eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
-    started = time.time()
-
-    with atomic_path(out_dir) as tmp:
-        tmp.mkdir()
-        rows = []
-        with open(tmp / STEP_LOG, "w") as log:
-            for step in range(1, rc["steps"] + 1):
-                rows.append(_iteration(step, rng.sample(dataset["train"], rc["train_batch_size"]),
-                                       trainer, rollout, ref, tokenizer, optimizer, rc, clock, device,
-                                       xc["inject_slowdown"], shared))
-                rows[-1].update(framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed,
-                                n_gpus=1 if device.type == "cuda" else 0)
-                log.write(json.dumps(rows[-1], sort_keys=True) + "\n")
-                log.flush()
-        finished = time.time()
-        eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
-        metrics.write_metrics(metrics.to_frame(rows, str(tmp / STEP_LOG)), tmp / "metrics.parquet")
-        write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after})
-        write_json(tmp / "manifest.json", build_manifest(
-            framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
-            inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads(),
-                   "timed_window": {"start": started, "end": finished}},
-        ))
-
-
-def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, slowdown,
-               shared: SharedReward) -> dict:
-    n = rc["rollout_n"]
-    prompts = [r["prompt"] for r in batch]
-    t_start, cpu_start, busy_start = clock.now(), clock.cpu_now(), clock.machine_busy()
-
-    ids, attn, response, mask = _generate(rollout, tokenizer, prompts, n=n, greedy=False, remax_cfg=rc, device=device)
-    _, _, greedy_response, greedy_mask = _generate(rollout, tokenizer, prompts, n=1, greedy=True, remax_cfg=rc,
-                                                   device=device)
-    t_gen = clock.now()
-
-    answers = [r["answer"] for r in batch]
-    sample_answers = [a for a in answers for _ in range(n)]
-    samples = _decode(tokenizer, response, mask)
-    # Samples and greedy baselines in one call: one forward pass when the shared reward is a model.
-    scored = shared.score([p for p in prompts for _ in range(n)] + prompts,
-                          samples + _decode(tokenizer, greedy_response, greedy_mask), sample_answers + answers)
-    scores, baselines = torch.tensor(scored[:len(samples)]), torch.tensor(scored[len(samples):])
-    task_accuracy = sum(map(reward.correct, samples, sample_answers)) / len(samples)
-    baselines_per_sample = baselines.repeat_interleave(n).to(device)
-    scores = scores.to(device)
-
-    full_ids = torch.cat([ids, response], 1)
-    full_attn = torch.cat([attn, mask.long()], 1)
-    start = ids.shape[1] - 1  # token_logprobs[:, t] scores token t + 1
-    with torch.no_grad():
-        ref_logprobs = token_logprobs(ref, full_ids, full_attn)[:, start:]
-    t_train = clock.now()
-    logprobs = token_logprobs(trainer, full_ids, full_attn)[:, start:]
-    kl = (logprobs.detach() - ref_logprobs) * mask
-    rewards = remax.token_level_rewards(scores, kl, mask, rc["kl_coef"])
-    advantages = remax.remax_advantages(rewards, baselines_per_sample, mask)
-    loss = remax.policy_gradient_loss(logprobs, advantages, mask)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(trainer.parameters(), rc["grad_clip"])
-    optimizer.step()
-    t_transition = clock.now()
-
-    _sync_weights(trainer, rollout)
-    t_synced = clock.now()
-    if slowdown:  # lands in the step's "other" time, not in any phase
-        _busy_wait(slowdown * (t_synced - t_start))
-    t_end, cpu_end, busy_end = clock.now(), clock.cpu_now(), clock.machine_busy()
-    probe = clock.probe()
-
-    response_tokens = mask.sum().item()
-    return {
-        "step": step,
-        "time_step_s": t_end - t_start,
-        "time_step_cpu_s": None if cpu_start is None else cpu_end - cpu_start,
-        "time_machine_busy_s": None if busy_start is None or busy_end is None else busy_end - busy_start,
-        "time_probe_s": probe,
-        "time_gen_s": t_gen - t_start,
-        "time_train_s": t_transition - t_train,
-        "time_transition_s": t_synced - t_transition,
-        "tokens_prompt": attn.sum().item(),
-        "tokens_response": response_tokens,
-        "tokens_baseline": greedy_mask.sum().item(),
-        "reward_mean": scores.mean().item(),
-        "reward_baseline_mean": baselines.mean().item(),
-        "task_accuracy_mean": task_accuracy,
-        "kl_mean": (kl.sum(-1)).mean().item(),
-        "response_length_mean": response_tokens / len(mask),
-        "loss": loss.item(),
-    }
+    train(config, seed, out_dir, inputs_dir)
 
 
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:

@@ -46,10 +46,8 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
-import torch
 
 from harness import HarnessError, metrics, task
-from harness.conformance import CASES, reference_advantages, require_baselines
 from harness.envs import REPO, env_check, env_command, ensure_env
 from harness.frameworks import IDENTITY, Adapter, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
@@ -545,6 +543,10 @@ def run_verl_conformance(python: Path) -> dict:
 
 def conformance() -> pd.DataFrame:
     """verl's ReMax advantage on harness.conformance.CASES vs the reference, one row per case."""
+    import torch  # here, not with the module: the registry imports this module for every stage, which need no torch
+
+    from harness.conformance import CASES, reference_advantages, require_baselines
+
     verl_out = run_verl_conformance(ensure_env(VALIDATE_ENV))
     rows = []
     for name, case in CASES.items():
