@@ -78,7 +78,7 @@ class Decoder(torch.nn.Module):
     def _rope(self, positions: torch.Tensor):
         freqs = positions[..., None].float() * self.inv_freq
         angles = torch.cat((freqs, freqs), -1)
-        return (angles.cos() * self.rope_scale)[:, None], (angles.sin() * self.rope_scale)[:, None]
+        return (angles.cos() * self.rope_scale)[:, :, None], (angles.sin() * self.rope_scale)[:, :, None]
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, past=None,
                 last_only: bool = False):
@@ -101,8 +101,9 @@ class Decoder(torch.nn.Module):
         for layer, cached in zip(self.layers, past_kv):
             x = F.rms_norm(h, h.shape[-1:], layer["norm_attn"], self.eps)
             qkv = F.linear(x, layer["qkv"], layer.get("qkv_bias")).view(rows, width, -1, self.head_dim)
-            q, k, v = qkv.transpose(1, 2).split([self.heads, self.kv_heads, self.kv_heads], 1)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            rotated = self.heads + self.kv_heads  # queries and keys, rotated together
+            q, k = _rotate(qkv[:, :, :rotated], cos, sin).transpose(1, 2).split([self.heads, self.kv_heads], 1)
+            v = qkv[:, :, rotated:].transpose(1, 2)
             if cached is not None:
                 k, v = torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)
             kv.append((k, v))
