@@ -7,7 +7,7 @@ temporary directory): the same policy checkpoint, the same batches of prompts, n
 response per prompt, the shared reward, a reference-policy forward for the KL penalty, one REINFORCE update, the
 copy of the new weights into the rollout model. The plain loop is what a ReMax loop on Transformers looks like
 (`generate` for the sampled and for the greedy responses, full forwards of the reference and the trainer); the
-reference backend runs its own step (harness.frameworks.reference._iteration). Each trains its own copy, in
+reference backend runs its own step (harness.frameworks.reference_backend._iteration). Each trains its own copy, in
 alternating rounds of --steps steps (so machine drift hits both alike), after --warmup untimed steps each.
 Tokens/s is the harness's definition (prompt + response tokens of the sampled rows, per step second). Prints the
 median tokens/s of each, the ratio per round and overall; exits 1 when the ratio is below 1.5 (issue #18's target).
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from harness import remax, task  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.frameworks import reference  # noqa: E402
+from harness.frameworks import reference_backend  # noqa: E402
 from harness.frameworks.reference_model import Decoder  # noqa: E402
 from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs  # noqa: E402
 from harness.policy import load_policy, seed_everything, token_logprobs  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> int:
     train = task.read_dataset(inputs["dataset"]["path"])["train"]
     shared = load_shared_reward(inputs["reward"])
     device = torch.device("cpu")
-    clock = reference._Clock(device)
+    clock = reference_backend._Clock(device)
 
     def models(pack):
         loaded = [load_policy(inputs["policy"]["path"])[0] for _ in range(3)]
@@ -122,8 +122,8 @@ def main() -> int:
         batch = batches[name].sample(train, rc["train_batch_size"])
         if name == "plain":
             return plain_step(batch, trainer, rollout, ref, tokenizer, optimizer, rc, shared)
-        row = reference._iteration(0, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, 0.0,
-                                   shared)
+        row = reference_backend._iteration(0, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device,
+                                           0.0, shared)
         return {"tokens": row["tokens_prompt"] + row["tokens_response"], "seconds": row["time_step_s"],
                 "reward": row["reward_mean"]}
 

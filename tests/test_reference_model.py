@@ -83,6 +83,17 @@ def test_greedy_rows_are_transformers_greedy_and_sampled_rows_follow_their_promp
     assert (out[ended > 0] == PAD).all()
 
 
+def test_half_precision_weights_decode_and_score_in_their_dtype():
+    # GPU profiles load checkpoints in bfloat16: rotary tables and attention must stay in the weights' dtype.
+    torch.manual_seed(0)
+    decoder = Decoder(MODELS["qwen2"]().to(torch.bfloat16).eval())
+    ids, attn = prompts()
+    out = generate(decoder, ids, attn, n=2, greedy=True, max_new_tokens=4, temperature=1.0, top_p=0.9,
+                   eos_id=EOS, pad_id=PAD)
+    logprobs = response_logprobs(decoder, ids, attn, out[:6], 2)
+    assert logprobs.dtype == torch.float32 and torch.isfinite(logprobs).all()
+
+
 def test_a_model_outside_the_llama_family_is_refused_by_name():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=16, n_layer=1, n_head=2, n_positions=16))
     with pytest.raises(HarnessError, match="model_type 'gpt2' is not one of llama, qwen2"):

@@ -76,9 +76,11 @@ class Decoder(torch.nn.Module):
             self.layers.append(packed)
 
     def _rope(self, positions: torch.Tensor):
+        # Angles in float32 whatever the weights' dtype, then cast, as Transformers does.
         freqs = positions[..., None].float() * self.inv_freq
-        angles = torch.cat((freqs, freqs), -1)
-        return (angles.cos() * self.rope_scale)[:, :, None], (angles.sin() * self.rope_scale)[:, :, None]
+        angles = torch.cat((freqs, freqs), -1)[:, :, None]
+        dtype = self.embed.dtype
+        return (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, past=None,
                 last_only: bool = False):
