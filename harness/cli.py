@@ -204,6 +204,19 @@ def cmd_check(args) -> int:
     return 1 if result["status"] == "regression" else 0
 
 
+def cmd_preflight(args) -> int:
+    from harness.config import load_config
+    from harness.io import write_text
+    from harness.preflight import preflight, render
+
+    rows = preflight(load_config(args.config), Path(args.results))
+    text = render(rows)
+    print(text, end="")
+    if args.out:
+        write_text(args.out, text)
+    return 1 if any(r["status"] == "fail" for r in rows) else 0
+
+
 def cmd_report(args) -> None:
     from harness.report import render
 
@@ -318,6 +331,12 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--results", required=True, help="results directory (summary, runs, history)")
     sp.set_defaults(func=cmd_check)
 
+    sp = sub.add_parser("preflight", help="before a GPU profile's jobs: GPUs, driver and environments, checkpoints, "
+                                          "disk, ports, Ray; one table, a fix per row; exit 1 when a check fails")
+    sp.add_argument("--config", required=True)
+    sp.add_argument("--results", default="results", help="where the runs will write (for the free disk)")
+    sp.add_argument("--out", help="also write the table here (markdown)")
+    sp.set_defaults(func=cmd_preflight)
     sp = sub.add_parser("report", help="comparison report (index.html, throughput.md/.csv, figures, runs.csv) "
                                        "from a results directory; every planned run listed, failed ones too")
     sp.add_argument("results_dir")

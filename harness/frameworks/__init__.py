@@ -36,7 +36,14 @@ class Adapter:
     evaluation: Callable[[Path], dict | None] | None = None
     # (): DataFrame with columns framework, case, max_abs_diff, verdict, note (harness.conformance vectors)
     conformance: Callable[[], pd.DataFrame] | None = None
+    module: str = ""  # the package its environment must import (harness.preflight)
+    head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
+    saves_checkpoint: bool = False  # writes the full model at the end of a run (harness.preflight sizes the disk)
 
+
+# vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
+# 256. vLLM refuses another head size when the engine starts, after the environment and model have loaded.
+VLLM_HEAD_DIMS = frozenset(range(8, 257, 8))
 
 _REGISTRY: dict[str, Adapter] = {}
 

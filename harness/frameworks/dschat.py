@@ -648,4 +648,6 @@ register_framework(Adapter(
                    "the tokens generated, over its End-to-End latency (time.time() without device sync); above the "
                    "harness's figure whenever answers stop before the maximum",
     conformance=conformance,
+    module="deepspeed",
+    saves_checkpoint=True,  # the final actor, to --output_dir in the run directory
 ))

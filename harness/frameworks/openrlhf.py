@@ -34,7 +34,7 @@ from typing import Sequence
 import pandas as pd
 
 from harness import HarnessError, envs, metrics, task
-from harness.frameworks import Adapter, register_framework, reward_serving, run_plan
+from harness.frameworks import VLLM_HEAD_DIMS, Adapter, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -351,4 +351,7 @@ register_framework(Adapter(
     env=ENV,
     cpu_blocker=CPU_BLOCKER,
     conformance=conformance,
+    module="openrlhf",
+    head_dims=VLLM_HEAD_DIMS,
+    saves_checkpoint=True,  # the final actor, where its --ckpt.* defaults put it: the run directory
 ))

@@ -49,7 +49,7 @@ import pandas as pd
 
 from harness import HarnessError, metrics, task
 from harness.envs import REPO, env_check, env_command, ensure_env
-from harness.frameworks import IDENTITY, Adapter, register_framework, reward_serving, run_plan
+from harness.frameworks import IDENTITY, VLLM_HEAD_DIMS, Adapter, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -590,4 +590,6 @@ register_framework(Adapter(
                    "the same total and its time from the same timer, so the two agree unless the log or the device "
                    "count is wrong; both leave out the greedy baseline's tokens, whose generation is in the step",
     conformance=conformance,
+    module="verl",
+    head_dims=VLLM_HEAD_DIMS,
 ))

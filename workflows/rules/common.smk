@@ -31,6 +31,12 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+def preflight_gate(wildcards):
+    """The preflight's table, for every job of a profile that runs real frameworks on GPUs; nothing otherwise."""
+    on_gpus = config["launch"]["device"] == "gpu" and any(fw in RUNNABLE for fw in PLANNED)
+    return [f"{RESULTS}/preflight.md"] if on_gpus else []
+
+
 def run_dirs(framework):
     return expand(f"{RESULTS}/runs/{framework}/seed{{seed}}", seed=SEEDS)
 

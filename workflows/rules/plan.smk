@@ -2,6 +2,7 @@ rule framework_env:
     input:
         # the description ships with the workflow, wherever the working directory is
         f"{workflow.basedir}/workflows/envs/{{env}}.txt",
+        preflight_gate,
     output:
         f"{RESULTS}/envs/{{env}}.txt",
     log:
@@ -20,6 +21,7 @@ rule plan:
         sha=rules.policy.output.sha,
         reward=rules.reward.output.reward,
         reward_sha=rules.reward.output.sha,
+        preflight=preflight_gate,
     output:
         directory(f"{RESULTS}/plans/{{framework}}/seed{{seed}}"),
     log:

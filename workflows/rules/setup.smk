@@ -4,6 +4,8 @@ from harness.frameworks.dschat import REMAX_COMMIT, REMAX_FOLDERS
 
 
 rule dschat_checkout:
+    input:
+        preflight_gate,
     output:
         directory(config["dschat"]["checkout"]),
     log:

@@ -1,0 +1,232 @@
+"""Preflight: before a GPU profile's first job, one table of everything that would stop its runs, a fix per row.
+
+An 8-GPU job that dies after an hour of environment building because the node has 4 GPUs, the driver is older than
+the wheels' CUDA, a checkpoint has a head size vLLM cannot serve or the disk fills at the first save costs the
+hour and the node. Every check runs, whatever fails before it, and `remax-bench preflight` exits 1 when any row
+fails. The seams to the machine are small functions (nvidia-smi's output, free disk, the process list), so the
+tests replay recorded outputs there and everything else is real.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+from harness import HarnessError
+from harness.envs import ENV_ROOT, env_python
+from harness.frameworks import environment, get_adapter, not_runnable
+
+GiB = 1024 ** 3
+# Files of a Hugging Face checkpoint that hold weights: their size is what a framework's save of it writes.
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# Processes a Ray cluster leaves running (`ray start`, or a driver that died without `ray.shutdown()`).
+RAY_PROCESSES = ("raylet", "gcs_server")
+
+
+def nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's stdout, or None where there is no nvidia-smi (no NVIDIA driver on this machine)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    proc = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=60)
+    if proc.returncode:
+        raise HarnessError(f"nvidia-smi {' '.join(args)}: exit {proc.returncode}: {proc.stderr.strip()[:500]}")
+    return proc.stdout
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system that holds `path` (its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def process_commands() -> list[str]:
+    """Command lines of this machine's processes (Linux /proc)."""
+    commands = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                commands.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue  # the process ended while we looked
+    return commands
+
+
+def _row(check: str, ok: bool, found: str, fix: str = "") -> dict:
+    return {"check": check, "status": "ok" if ok else "fail", "found": found, "fix": "" if ok else fix}
+
+
+def _skip(check: str, found: str) -> dict:
+    return {"check": check, "status": "skip", "found": found, "fix": ""}
+
+
+def _planned(config: dict) -> list:
+    """The adapters of the frameworks this profile runs on its machines (embedded backends need no preflight)."""
+    adapters = [get_adapter(fw) for fw in config["frameworks"]]
+    return [a for a in adapters if a.run is None and not_runnable(a, config) is None]
+
+
+def gpu_rows(config: dict, smi=nvidia_smi) -> list[dict]:
+    """GPU count and model against launch.*."""
+    wanted, model = config["launch"]["gpus_per_node"], config["launch"]["gpu_model"]
+    listing = smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    if listing is None:
+        return [_row("GPUs", False, "no nvidia-smi on this machine (no NVIDIA driver)",
+                     "run the preflight on a GPU node of the profile (under SLURM it runs as a job there)")]
+    names = [line.split(",")[0].strip() for line in listing.strip().splitlines() if line.strip()]
+    rows = [_row("GPUs", len(names) >= wanted,
+                 f"{len(names)} x {', '.join(sorted(set(names))) or 'none'} (launch.gpus_per_node: {wanted})",
+                 f"a node with {wanted} GPUs, or launch.gpus_per_node: {len(names)} (a different experiment)")]
+    if model:
+        wrong = sorted({n for n in names if model.lower() not in re.sub(r"[\s-]", "", n.lower())})
+        rows.append(_row("GPU model", bool(names) and not wrong,
+                         f"{', '.join(sorted(set(names))) or 'none'} (launch.gpu_model: {model})",
+                         f"a node with {model} GPUs, or launch.gpu_model set to what this node has"))
+    return rows
+
+
+def driver_cuda(smi=nvidia_smi) -> tuple[int, int] | None:
+    """The newest CUDA the driver supports, from nvidia-smi's header ("CUDA Version: 12.2")."""
+    match = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", smi() or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def environment_rows(config: dict, smi=nvidia_smi, env_root: Path = ENV_ROOT) -> list[dict]:
+    """Each planned framework's environment: built and importable, and its torch's CUDA within the driver's."""
+    cuda = driver_cuda(smi)
+    rows = []
+    for adapter in _planned(config):
+        env = environment(adapter, config)
+        check, python = f"environment {env}", env_python(env, env_root)
+        if config["container"]["runtime"] == "apptainer":
+            rows.append(_skip(check, "an image (container.runtime: apptainer): checked when it is built"))
+            continue
+        if not python.exists():
+            rows.append(_skip(check, f"not built yet ({python}): the pipeline builds it; `remax-bench env {env}` "
+                                     "first, and the preflight checks it too"))
+            continue
+        probe = subprocess.run([str(python), "-c", f"import json, torch, {adapter.module}; print(json.dumps("
+                                "{'torch': torch.__version__, 'cuda': torch.version.cuda}))"],
+                               capture_output=True, text=True, timeout=600)
+        if probe.returncode:
+            last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+            rows.append(_row(check, False, f"import {adapter.module} fails: {last}",
+                             f"rebuild it: rm -rf {env_root / env} && remax-bench env {env}"))
+            continue
+        versions = json.loads(probe.stdout.strip().splitlines()[-1])
+        built_for = tuple(int(v) for v in versions["cuda"].split(".")[:2]) if versions["cuda"] else None
+        found = (f"torch {versions['torch']} (CUDA {versions['cuda'] or 'none: a CPU build'}); the driver serves "
+                 f"CUDA {'.'.join(map(str, cuda)) if cuda else 'unknown'}")
+        fix = (f"a driver for CUDA {versions['cuda']} or newer on the node, or torch wheels of an older CUDA in "
+               f"workflows/envs/{env}.txt (PyTorch's cuXYZ index)" if built_for else
+               f"a CUDA build of torch in workflows/envs/{env}.txt")
+        rows.append(_row(check, built_for is not None and cuda is not None and built_for <= cuda, found, fix))
+    return rows
+
+
+def _weights(path: Path | None) -> int:
+    return sum(f.stat().st_size for pattern in WEIGHT_FILES for f in path.glob(pattern)) if path else 0
+
+
+def checkpoint_rows(config: dict, policy: Path | None, reward: Path | None) -> list[dict]:
+    """The policy and reward checkpoints: config, tokenizer, weights, dtype, and a head size every engine serves."""
+    rows = []
+    for what, key, path in (("policy", "policy.path", policy), ("reward model", "reward.path", reward)):
+        if path is None:
+            continue
+        conf_path = path / "config.json"
+        try:
+            conf = json.loads(conf_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            rows.append(_row(f"{what} checkpoint", False, f"{conf_path}: {e}",
+                             f"set {key} to a Hugging Face checkpoint directory (config.json, weights, tokenizer)"))
+            continue
+        tokenizer = next((f for f in TOKENIZER_FILES if (path / f).is_file()), None)
+        weights = _weights(path)
+        dtype = conf.get("torch_dtype") or conf.get("dtype") or "unspecified"
+        found = (f"{path}: {conf.get('model_type', '?')}, {weights / GiB:.2f} GiB of weights ({dtype}), "
+                 f"tokenizer {tokenizer or 'missing'}")
+        problems = ([] if tokenizer else [f"no tokenizer file ({', '.join(TOKENIZER_FILES)})"]) + (
+            [] if weights else ["no weight files"])
+        if what == "policy":
+            heads = conf.get("num_attention_heads")
+            head_dim = conf.get("head_dim") or (conf["hidden_size"] // heads if heads and "hidden_size" in conf
+                                                else None)
+            found += f", head_dim {head_dim}"
+            problems += [f"{a.name}'s generation engine does not serve head_dim {head_dim} (it serves multiples "
+                         f"of 8 up to {max(a.head_dims)})"
+                         for a in _planned(config) if a.head_dims and head_dim not in a.head_dims]
+        rows.append(_row(f"{what} checkpoint", not problems, "; ".join([found, *problems]),
+                         f"a checkpoint at {key} that every planned framework can load: its tokenizer saved beside "
+                         "the weights (save_pretrained), attention heads its engines serve"))
+    return rows
+
+
+def disk_rows(config: dict, policy: Path | None, results: Path, free=free_bytes) -> list[dict]:
+    """Room for the full-model checkpoints the frameworks write at the end of each run."""
+    weights = _weights(policy)
+    savers = [a.name for a in _planned(config) if a.saves_checkpoint]
+    need, have = weights * len(savers) * len(config["seeds"]), free(results)
+    found = (f"{have / GiB:.1f} GiB free at {results}; {need / GiB:.1f} GiB needed ({len(config['seeds'])} seeds "
+             f"x {', '.join(savers) or 'no framework'} saving a {weights / GiB:.2f} GiB model)")
+    return [_row("disk", have >= need, found,
+                 "free space on that file system, or run the pipeline from a larger one (snakemake --directory)")]
+
+
+def port_rows(config: dict) -> list[dict]:
+    """The ports the runs listen on: the shared reward server's (OpenRLHF), DeepSpeed's rendezvous."""
+    planned = {a.name for a in _planned(config)}
+    ports = [("openrlhf.reward_port", "openrlhf", config["openrlhf"]["reward_host"], config["openrlhf"]["reward_port"]),
+             ("dschat.master_port", "dschat", "127.0.0.1", config["dschat"]["master_port"])]
+    rows = []
+    for key, fw, host, port in ports:
+        if fw not in planned:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+                ok, found = True, f"{host}:{port} free"
+            except OSError as e:
+                ok, found = False, f"{host}:{port} in use ({errno.errorcode.get(e.errno, e.errno)})"
+        rows.append(_row(f"port {key}", ok, found, f"stop what listens there (ss -ltnp | grep :{port}), or set {key}"))
+    return rows
+
+
+def ray_rows(commands=process_commands) -> list[dict]:
+    """A Ray cluster left running: verl and OpenRLHF would join it, with its resources and stale workers."""
+    stray = [c for c in commands() if c and Path(c.split(" ", 1)[0]).name in RAY_PROCESSES]
+    return [_row("no stray Ray cluster", not stray,
+                 f"{len(stray)} Ray process(es), e.g. {stray[0][:100]}" if stray else "no raylet or gcs_server",
+                 "ray stop --force (with an environment's ray), or end the job that started it")]
+
+
+def checkpoint_paths(config: dict) -> tuple[Path | None, Path | None]:
+    """The policy and reward checkpoints the config names (None: the pipeline builds it, nothing to check yet)."""
+    policy = Path(os.path.expanduser(config["policy"]["path"])) if config["policy"]["path"] else None
+    reward = config["reward"]["path"] if config["reward"]["kind"] == "model" else None
+    return policy, Path(os.path.expanduser(reward)) if reward else None
+
+
+def preflight(config: dict, results: Path, *, smi=nvidia_smi, free=free_bytes, commands=process_commands,
+              env_root: Path = ENV_ROOT) -> list[dict]:
+    """Every check's row; none stops the others."""
+    policy, reward = checkpoint_paths(config)
+    return [*gpu_rows(config, smi), *environment_rows(config, smi, env_root), *checkpoint_rows(config, policy, reward),
+            *disk_rows(config, policy, results, free), *port_rows(config), *ray_rows(commands)]
+
+
+def render(rows: list[dict]) -> str:
+    """The table, under one line that names every failed check."""
+    failed = [r["check"] for r in rows if r["status"] == "fail"]
+    lines = [f"preflight failed: {', '.join(failed)}" if failed else "preflight passed", "",
+             "| check | status | found | fix |", "|---|---|---|---|"]
+    lines += [f"| {r['check']} | {r['status']} | {r['found'].replace('|', '/')} | {r['fix']} |" for r in rows]
+    return "\n".join(lines) + "\n"
