@@ -67,6 +67,12 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if config["launch"]["device"] == "cpu" and config["launch"]["nnodes"] != 1:
         raise HarnessError(f"{source}: at launch.nnodes: a CPU run (launch.device cpu) is one machine, "
                            f"not {config['launch']['nnodes']} nodes")
+    tc = config["task"]
+    if tc["kind"] == "file" and not tc["path"]:
+        raise HarnessError(f"{source}: at task.path: task.kind file needs the dataset's path")
+    if tc["kind"] == "file" and tc["answer_key"] is None and config["reward"]["kind"] == "rule":
+        raise HarnessError(f"{source}: at task.answer_key: null (no reference answers), but the rule reward scores "
+                           "against them; use reward.kind: model for open-ended prompts")
     if config["policy"]["hidden_size"] % config["policy"]["num_heads"]:
         raise HarnessError(f"{source}: at policy.num_heads: must divide policy.hidden_size")
     return config

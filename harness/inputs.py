@@ -15,6 +15,7 @@ POLICY = "policy"
 REWARD = "reward"
 REWARD_RECORD = "reward.json"
 REWARD_MODEL = "model"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any of them: a checkpoint has a tokenizer
 
 
 def build_dataset(config: dict, inputs_dir: str | Path) -> str:
@@ -24,17 +25,25 @@ def build_dataset(config: dict, inputs_dir: str | Path) -> str:
 
 
 def build_policy(config: dict, inputs_dir: str | Path) -> str:
-    """Build the initial policy, or link the checkpoint at `policy.path`; either way record its sha256."""
-    inputs_dir = Path(inputs_dir)
-    if config["policy"]["path"]:
-        return link_policy(Path(config["policy"]["path"]), inputs_dir / POLICY)
-    from harness.policy import make_policy  # torch and Transformers for this stage only: every stage reads inputs
+    """Build the initial policy, or link the checkpoint at `policy.path`; either way record its sha256.
+    Prompts longer than remax.max_prompt_length with the policy's tokenizer stop it here, before any run (a linked
+    checkpoint without a tokenizer has nothing to measure them by: the preflight reports it)."""
+    from harness.policy import check_prompt_lengths, make_policy  # torch and Transformers for this stage only
 
-    verify_hash(inputs_dir / DATASET)
-    dataset = task.read_dataset(inputs_dir / DATASET)
-    record = make_policy(dataset, config, inputs_dir / POLICY)
-    write_json(inputs_dir / "policy.build.json", record)
-    return record_hash(inputs_dir / POLICY)
+    inputs_dir = Path(inputs_dir)
+    checkpoint = Path(config["policy"]["path"]) if config["policy"]["path"] else None
+    has_tokenizer = checkpoint is None or any((checkpoint / name).is_file() for name in TOKENIZER_FILES)
+    if has_tokenizer:
+        verify_hash(inputs_dir / DATASET)
+        dataset = task.read_dataset(inputs_dir / DATASET)
+    if checkpoint is None:
+        write_json(inputs_dir / "policy.build.json", make_policy(dataset, config, inputs_dir / POLICY))
+        return record_hash(inputs_dir / POLICY)
+    if has_tokenizer:
+        from transformers import AutoTokenizer
+
+        check_prompt_lengths(AutoTokenizer.from_pretrained(checkpoint), dataset, config["remax"]["max_prompt_length"])
+    return link_policy(checkpoint, inputs_dir / POLICY)
 
 
 def resolve_inputs(inputs_dir: str | Path) -> dict[str, dict]:

@@ -120,12 +120,24 @@ def supervised_warm_start(model, tokenizer, train_rows: list[dict], sft: dict) -
                loss=answer_nll)
 
 
+def check_prompt_lengths(tokenizer, dataset: dict[str, list[dict]], limit: int) -> None:
+    """Stop before any run when prompts are longer than remax.max_prompt_length tokens: each framework would cut or
+    drop them its own way, and the runs would no longer see the same prompts."""
+    long = [(r["id"], n) for rows in dataset.values() for r in rows
+            if (n := len(tokenizer(r["prompt"])["input_ids"])) > limit]
+    if long:
+        shown = ", ".join(f"{i} ({n} tokens)" for i, n in long[:5]) + (" ..." if len(long) > 5 else "")
+        raise HarnessError(f"dataset: {len(long)} prompt(s) longer than remax.max_prompt_length = {limit} tokens "
+                           f"with this policy's tokenizer: {shown}; raise remax.max_prompt_length or drop them")
+
+
 def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) -> dict:
     """Tokenizer + model + SFT, saved whole to `dest` (atomically). Returns a small record of how it was made."""
     seed_everything(config["policy"]["sft"]["seed"])
     train = dataset["train"]
     start = time.perf_counter()
     tokenizer = train_tokenizer([r["prompt"] + r["answer"] for r in train], config["tokenizer"]["vocab_size"])
+    check_prompt_lengths(tokenizer, dataset, config["remax"]["max_prompt_length"])
     longest_prompt = max(len(tokenizer(r["prompt"])["input_ids"]) for split in dataset.values() for r in split)
     max_positions = longest_prompt + config["remax"]["max_response_length"] + 1
     model = build_policy(tokenizer, config["policy"], max_positions)

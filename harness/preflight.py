@@ -21,11 +21,11 @@ from pathlib import Path
 from harness import HarnessError
 from harness.envs import ENV_ROOT, env_python
 from harness.frameworks import environment, get_adapter, not_runnable
+from harness.inputs import TOKENIZER_FILES
 
 GiB = 1024 ** 3
 # Files of a Hugging Face checkpoint that hold weights: their size is what a framework's save of it writes.
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 # Processes a Ray cluster leaves running (`ray start`, or a driver that died without `ray.shutdown()`).
 RAY_PROCESSES = ("raylet", "gcs_server")
 

@@ -1,7 +1,10 @@
-"""The shared task: seeded multi-digit addition with a verifiable answer, written as canonical JSONL.
+"""The shared task, written as canonical JSONL (id, prompt, answer, split): generated here, or read from a file.
 
-Addition is small enough for a CPU-sized policy to learn within minutes, yet every answer digit depends on
-both operands (carries included), so the reward cannot be earned without doing the sum.
+Generated (`addition`, `reverse`): small enough for a CPU-sized policy to learn within minutes, yet every answer
+digit depends on the problem (carries included), so the reward cannot be earned without doing it. From a file
+(`file`): a team's own prompts, JSONL or Parquet records (a prompt or one user turn of chat messages, an optional
+reference answer, an optional split), checked record by record and frozen to the same canonical JSONL, whose
+sha256 every run and every framework's exported copy is traced to.
 """
 
 from __future__ import annotations
@@ -53,8 +56,87 @@ def to_jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in rows)
 
 
+# Split names other datasets use, as the canonical two.
+SPLITS = {"train": "train", "eval": "eval", "test": "eval", "validation": "eval"}
+
+
+def _records(path: Path) -> list[dict]:
+    """The file's records: Parquet rows, or one JSON object per JSONL line."""
+    if not path.is_file():
+        raise HarnessError(f"config: at task.path: {path}: no such file")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    records = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
+            records.append(record)
+    return records
+
+
+def _prompt(value, where: str, key: str) -> str:
+    """A prompt string, or the content of chat messages that are one user turn (every framework then renders it
+    with the policy's own chat template)."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        if len(value) == 1 and value[0].get("role") == "user" and isinstance(value[0].get("content"), str):
+            return value[0]["content"]
+        raise HarnessError(f"{where}: {key}: chat messages must be one user turn; got roles "
+                           f"{[m.get('role') for m in value]} (multi-turn and system prompts are not supported yet)")
+    raise HarnessError(f"{where}: {key}: expected a non-empty string or chat messages, got {value!r:.80}")
+
+
+def from_file(task: dict) -> list[dict]:
+    """Canonical rows from task.path, every record checked; errors name the file, the record and the key."""
+    path = Path(task["path"])
+    records = _records(path)
+    if not records:
+        raise HarnessError(f"{path}: no records")
+    keys = {"prompt": task["prompt_key"], "answer": task["answer_key"], "id": task["id_key"],
+            "split": task["split_key"]}
+    rows = []
+    for number, record in enumerate(records, 1):
+        where = f"{path}: record {number}"
+        missing = [k for k in keys.values() if k is not None and k not in record]
+        if missing:
+            raise HarnessError(f"{where}: missing {', '.join(map(repr, missing))} (task.prompt_key, answer_key, "
+                               f"id_key, split_key name the columns; it has {', '.join(map(repr, record))})")
+        split = "train"
+        if keys["split"]:
+            split = SPLITS.get(str(record[keys["split"]]).lower())
+            if split is None:
+                raise HarnessError(f"{where}: {keys['split']}: unknown split {record[keys['split']]!r} "
+                                   f"(expected {', '.join(SPLITS)})")
+        rows.append({"id": str(record[keys["id"]]) if keys["id"] else f"record-{number:06d}",
+                     "prompt": _prompt(record[keys["prompt"]], where, keys["prompt"]),
+                     "answer": "" if keys["answer"] is None else str(record[keys["answer"]]), "split": split})
+    seen: dict[str, int] = {}
+    for row in rows:
+        seen[row["id"]] = seen.get(row["id"], 0) + 1
+    duplicates = [i for i, n in seen.items() if n > 1]
+    if duplicates:
+        raise HarnessError(f"{path}: {len(duplicates)} duplicate id(s) in {keys['id']!r}: "
+                           f"{', '.join(duplicates[:5])}{' ...' if len(duplicates) > 5 else ''}")
+    if not keys["split"]:
+        n_eval = max(1, round(len(rows) * task["eval_fraction"]))
+        for i in random.Random(task["seed"]).sample(range(len(rows)), n_eval):
+            rows[i]["split"] = "eval"
+    for split in ("train", "eval"):
+        if not any(r["split"] == split for r in rows):
+            raise HarnessError(f"{path}: the {split} split is empty ({len(rows)} records)")
+    return rows
+
+
 def write_dataset(task: dict, dest: str | Path) -> None:
-    write_text(dest, to_jsonl(generate(task)))
+    write_text(dest, to_jsonl(from_file(task) if task["kind"] == "file" else generate(task)))
 
 
 def read_dataset(path: str | Path) -> dict[str, list[dict]]:

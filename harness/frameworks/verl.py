@@ -92,13 +92,14 @@ def _hydra_value(value) -> str:
     return str(value)
 
 
-def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict) -> tuple[list[str], list[dict]]:
+def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
+                     n_train: int) -> tuple[list[str], list[dict]]:
     """verl hydra overrides for this run, and the hyperparameter table (shared key -> verl key -> value)."""
     rc, launch, vc = config["remax"], config["launch"], config["verl"]
-    batches_per_epoch = config["task"]["n_train"] // rc["train_batch_size"]
+    batches_per_epoch = n_train // rc["train_batch_size"]
     if batches_per_epoch < 1:
-        raise HarnessError(f"config: at remax.train_batch_size: {rc['train_batch_size']} exceeds task.n_train "
-                           f"({config['task']['n_train']}); verl drops incomplete batches, so no step could run")
+        raise HarnessError(f"config: at remax.train_batch_size: {rc['train_batch_size']} exceeds the dataset's "
+                           f"{n_train} training prompts; verl drops incomplete batches, so no step could run")
     rows = rc["train_batch_size"] * rc["rollout_n"] / _verl_devices(config)
     if rows % vc["micro_batch_size_per_gpu"]:
         raise HarnessError(f"config: at verl.micro_batch_size_per_gpu: {vc['micro_batch_size_per_gpu']} does not "
@@ -290,7 +291,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     inputs = resolve_inputs(inputs_dir)
     reward = reward_serving.plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
     dataset = task.read_dataset(inputs["dataset"]["path"])
-    overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs)
+    overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
     env = CPU_ENV if cpu else ENV
     env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
     deviations = DEVIATIONS
