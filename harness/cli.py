@@ -85,12 +85,25 @@ def cmd_ingest(args) -> None:
 
 
 def cmd_summarize(args) -> None:
+    from harness.efficiency import model_shape, run_peak
     from harness.io import atomic_path
     from harness.summarize import summarize
 
     config = _config(args)
     evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
-    summary = summarize([Path(p) for p in args.metrics], evals, config["remax"]["warmup_steps"])
+    efficiency = None
+    if args.policy:
+        shape = model_shape(Path(args.policy) / "config.json")
+        run_dirs = {json.loads((Path(d) / "manifest.json").read_text())["run_id"]: Path(d)
+                    for d in args.runs if (Path(d) / "manifest.json").is_file()}
+
+        def efficiency(metrics) -> dict:
+            run_id, n_gpus = metrics["run_id"].iloc[0], int(metrics["n_gpus"].iloc[0] or 0)
+            peak, source = (run_peak(run_dirs[run_id], n_gpus) if run_id in run_dirs
+                            else (None, "no peak: its run directory was not given"))
+            return {"shape": shape, "prompts": config["remax"]["train_batch_size"],
+                    "samples_per_prompt": config["remax"]["rollout_n"], "peak_flops": peak, "peak_source": source}
+    summary = summarize([Path(p) for p in args.metrics], evals, config["remax"]["warmup_steps"], efficiency)
     with atomic_path(args.out) as tmp:
         summary.to_csv(tmp, index=False)
     print(summary.to_string(index=False))
@@ -270,6 +283,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--metrics", nargs="+", required=True, help="common-schema parquet files")
     sp.add_argument("--runs", nargs="*", default=[],
                     help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
+    sp.add_argument("--policy", help="the shared policy checkpoint: its config.json gives the model FLOPs of the MFU "
+                                     "columns (against each run directory's peak)")
     sp.add_argument("--out", required=True)
     sp.set_defaults(func=cmd_summarize)
 

@@ -34,7 +34,7 @@ METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s
            "cpu_foreign_load", "time_step_s_median", "time_gen_s_median", "time_transition_s_median",
            "time_train_s_median", "time_transition_s_p90", "wall_time_s", "reward_first10", "reward_last10",
            "reward_gain", "task_accuracy_first10", "task_accuracy_last10", "eval_accuracy_before",
-           "eval_accuracy_after")
+           "eval_accuracy_after", "mfu_gen", "mfu_train", "mfu_step")
 CURVE_POINTS = 50
 REQUIRED = {"schema": int, "pipeline_run": str, "pipeline_time": str, "profile": str, "hardware": str,
             "framework": str, "framework_version": str, "config_hash": str, "run_id": str, "seed": int,

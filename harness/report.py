@@ -188,10 +188,10 @@ def run_table(runs: list[Run], warmup: int) -> pd.DataFrame:
 
 
 def throughput_table(per_run: pd.DataFrame) -> pd.DataFrame:
-    """by_framework's shared-table form, plus generation-only and training-only throughput and transition p90."""
+    """by_framework's shared-table form, plus generation-only and training-only throughput, transition p90 and MFU."""
     if per_run.empty:
         return pd.DataFrame()
-    for col in ("eval_accuracy_before", "eval_accuracy_after"):
+    for col in ("eval_accuracy_before", "eval_accuracy_after", "mfu_step", "mfu_gen", "mfu_train"):
         if col not in per_run:
             per_run = per_run.assign(**{col: np.nan})
     table = by_framework(per_run)
@@ -201,8 +201,15 @@ def throughput_table(per_run: pd.DataFrame) -> pd.DataFrame:
         train_tokens_per_s=("train_tok_s", "median"), train_tokens_per_s_min=("train_tok_s", "min"),
         train_tokens_per_s_max=("train_tok_s", "max"),
         transition_s_p90=("time_transition_s_p90", "median"),
+        **{c: (c, "median") for c in ("mfu_step", "mfu_gen", "mfu_train")},
     ).reset_index()
     return table.merge(extra, on="framework", how="left")
+
+
+def _mfu(r) -> str:
+    if pd.isna(r.mfu_step):
+        return "-"
+    return f"{r.mfu_step:.1%} ({r.mfu_gen:.1%} / {r.mfu_train:.1%})"
 
 
 def throughput_markdown(table: pd.DataFrame) -> str:
@@ -210,8 +217,8 @@ def throughput_markdown(table: pd.DataFrame) -> str:
     lines = [
         "| framework | version | GPUs | seeds | tokens/s (median) | min-max over seeds | tokens/s per GPU | relative |"
         " generation-only tokens/s | training-only tokens/s | transition s (median / p90) | reward gain |"
-        " eval acc. before -> after |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        " eval acc. before -> after | MFU step (gen / train) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in table.itertuples():
         lines.append(
@@ -219,14 +226,16 @@ def throughput_markdown(table: pd.DataFrame) -> str:
             f" {_fmt(r.tokens_per_s_min)}-{_fmt(r.tokens_per_s_max)} | {_fmt(r.tokens_per_s_per_gpu)} |"
             f" {r.relative:.2f}x | {_fmt(r.gen_tokens_per_s)} | {_fmt(r.train_tokens_per_s)} |"
             f" {_fmt(r.transition_s_median, 4)} / {_fmt(r.transition_s_p90, 4)} | {_fmt(r.reward_gain, 3)} |"
-            f" {_fmt(r.eval_accuracy_before, 3)} -> {_fmt(r.eval_accuracy_after, 3)} |"
+            f" {_fmt(r.eval_accuracy_before, 3)} -> {_fmt(r.eval_accuracy_after, 3)} | {_mfu(r)} |"
         )
     notes = (
         "\ntokens/s = (prompt + sampled-response tokens of the global batch) / RL iteration time, aggregate over the"
         " run's accelerators, median over measured steps (after warm-up) per run, then median over seeds. Greedy"
         " baseline tokens are generated inside the step but not counted (as verl's own figure). Generation-only and"
         " training-only: the same tokens over the generation (sampled + greedy) or actor-update time alone."
-        " GPUs = 0: CPU run.\n"
+        " GPUs = 0: CPU run. MFU: the model FLOPs of the step's tokens (PaLM's count; harness/efficiency.py) per"
+        " second over the run's peak (GPUs: data-sheet bf16 peak; the reference on a CPU: its measured fp32 matmul"
+        " rate), median over measured steps, then over seeds; empty where the peak is unknown.\n"
     )
     return "\n".join(lines) + "\n" + notes
 
@@ -839,16 +848,19 @@ def render_html(*, config: dict, results: Path, runs: list[Run], table: pd.DataF
                  _spread(r.tokens_per_s, r.tokens_per_s_min, r.tokens_per_s_max), _num(r.tokens_per_s_per_gpu),
                  f'<td class="num"><b>{r.relative:.2f}x</b></td>',
                  _spread(r.gen_tokens_per_s, r.gen_tokens_per_s_min, r.gen_tokens_per_s_max),
-                 _spread(r.train_tokens_per_s, r.train_tokens_per_s_min, r.train_tokens_per_s_max)]
+                 _spread(r.train_tokens_per_s, r.train_tokens_per_s_min, r.train_tokens_per_s_max),
+                 f'<td class="num">{_e(_mfu(r))}</td>']
                 for r in table.itertuples()]
         parts.append(_table(["framework", "version", "GPUs", "seeds", "tokens/s median (min&ndash;max over seeds)",
                              "tokens/s per GPU", "relative (slowest = 1.0x)", "generation-only tokens/s",
-                             "training-only tokens/s"], rows))
+                             "training-only tokens/s", "MFU step (generation / training)"], rows))
         parts.append("<p class='muted'>tokens/s = (prompt + sampled-response tokens of the global batch) / RL "
                      "iteration time, aggregate over the run's accelerators (HybridFlow's definition); median over "
                      "measured steps per run, then median over seeds. Generation-only and training-only: the same "
                      "tokens over the generation (sampled + greedy) or actor-update time alone. GPUs = 0: CPU run, "
-                     "no per-GPU figure.</p>")
+                     "no per-GPU figure. MFU: the model FLOPs of the step's tokens (PaLM's count, "
+                     "harness/efficiency.py) per second over the run's peak (GPUs: data-sheet bf16 peak; the "
+                     "reference on a CPU: its measured fp32 matmul rate); empty where the peak is unknown.</p>")
     parts.append(_img(figures["throughput"], "throughput per framework"))
     parts.append(own_throughput_html(own_throughput_table(runs, config["remax"]["warmup_steps"])))
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
+from harness.efficiency import ModelShape, step_flops
 from harness.metrics import read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
@@ -23,7 +24,20 @@ def edge_means(series: pd.Series, fraction: float = 0.1) -> tuple[float, float]:
     return float(series.iloc[:k].mean()), float(series.iloc[-k:].mean())
 
 
-def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
+def model_flops_utilisation(measured: pd.DataFrame, shape: ModelShape, prompts: int, samples_per_prompt: int,
+                            peak_flops: float) -> dict[str, float]:
+    """MFU per phase (harness.efficiency), median over the measured steps: each step's model FLOPs over its time."""
+    flops = pd.DataFrame([step_flops(shape, tokens_prompt=r.tokens_prompt, tokens_response=r.tokens_response,
+                                     tokens_baseline=0.0 if pd.isna(r.tokens_baseline) else r.tokens_baseline,
+                                     prompts=prompts, samples_per_prompt=samples_per_prompt)
+                          for r in measured.itertuples()], index=measured.index)
+    return {f"mfu_{phase}": float((flops[phase] / measured[time] / peak_flops).median())
+            for phase, time in (("gen", "time_gen_s"), ("train", "time_train_s"), ("step", "time_step_s"))}
+
+
+def summarize_run(df: pd.DataFrame, warmup_steps: int, efficiency: dict | None = None) -> dict:
+    """`efficiency`: {"shape", "prompts", "samples_per_prompt", "peak_flops", "peak_source"} for the MFU columns
+    (empty where the run's peak is unknown)."""
     measured = df[df["step"] > warmup_steps]
     if measured.empty:
         raise HarnessError(
@@ -52,6 +66,12 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int) -> dict:
         task_accuracy_first10=acc_first,
         task_accuracy_last10=acc_last,
     )
+    if efficiency is not None:
+        peak = efficiency["peak_flops"]
+        row.update(model_flops_utilisation(measured, efficiency["shape"], efficiency["prompts"],
+                                           efficiency["samples_per_prompt"], peak) if peak else
+                   dict.fromkeys(("mfu_gen", "mfu_train", "mfu_step"), np.nan),
+                   peak_flops=peak or np.nan, peak_source=efficiency["peak_source"])
     return row
 
 
@@ -65,10 +85,15 @@ def read_eval(path: Path) -> dict:
         raise HarnessError(f"{path}: not an eval record ({e})") from None
 
 
-def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int) -> pd.DataFrame:
+def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int,
+              efficiency=None) -> pd.DataFrame:
+    """`efficiency`: (a run's metrics) -> summarize_run's efficiency record, or None for no MFU columns."""
     if not metric_files:
         raise HarnessError("summarize: no metrics files given")
-    rows = [summarize_run(read_metrics(p), warmup_steps) for p in metric_files]
+    rows = []
+    for path in metric_files:
+        df = read_metrics(path)
+        rows.append(summarize_run(df, warmup_steps, efficiency(df) if efficiency else None))
     summary = pd.DataFrame(rows)
     if summary["run_id"].duplicated().any():
         raise HarnessError(f"summarize: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} given twice")

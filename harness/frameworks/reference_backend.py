@@ -5,9 +5,10 @@ training engine apart, so moving updated weights into the rollout model is a rea
 One iteration: sample n responses per prompt and one greedy response per prompt (the baseline) with the
 rollout model; score both with the shared reward; reference-policy log-probs for the KL penalty; one
 REINFORCE update of the trainer (harness.remax); copy the new weights into the rollout model.
-The shared reward (the rule, or a reward model: harness.shared_reward) scores samples and greedy responses in
-one call; the task's exact-match accuracy of the samples is logged beside it, so a reward model's score can be
-read against the truth.
+The three models are harness.frameworks.reference_model decoders loaded from the one policy checkpoint: each
+prompt runs once for all its responses, greedy rows decode in the sampled batch. The shared reward (the rule, or a
+reward model: harness.shared_reward) scores samples and greedy responses in one call; the task's exact-match
+accuracy of the samples is logged beside it, so a reward model's score can be read against the truth.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 import harness
 from harness import HarnessError, metrics, remax, reward, task
+from harness.efficiency import cpu_matmul_peak, gpu_peak
 from harness.frameworks.reference import NAME, STEP_LOG
 from harness.frameworks.reference_model import Decoder, generate, response_logprobs
 from harness.inputs import resolve_inputs
@@ -88,6 +90,18 @@ class _Clock:
             h = torch.nn.functional.gelu(x @ self._probe_w[0])
             x = torch.softmax(torch.nn.functional.layer_norm(x + h @ self._probe_w[1], (64,)), -1)
         return time.perf_counter() - t0
+
+
+def _peak(device: torch.device, model: Decoder) -> dict | None:
+    """The peak FLOP/s this run's MFU is measured against: the GPU's data-sheet figure at the weights' dtype, or the
+    CPU's fp32 matmul rate on the run's threads, measured now (outside the timed steps)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model.embed.dtype, "fp32")
+        flops = gpu_peak(name, dtype)
+        return {"flops": flops, "source": f"{name} {dtype} data-sheet peak"} if flops else None
+    return {"flops": cpu_matmul_peak(), "source": f"measured: fp32 512x512 matmuls on {torch.get_num_threads()} "
+                                                  "torch thread(s)"}
 
 
 def _generate(rollout: Decoder, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
@@ -158,6 +172,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
     trainer.train()
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
     clock = _Clock(device)
+    peak = _peak(device, trainer)
     rng = random.Random(seed)
     eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
     started = time.time()
@@ -181,7 +196,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
         write_json(tmp / "manifest.json", build_manifest(
             framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
             inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads(),
-                   "timed_window": {"start": started, "end": finished}},
+                   "timed_window": {"start": started, "end": finished}, **({"peak_flops": peak} if peak else {})},
         ))
 
 

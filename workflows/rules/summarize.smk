@@ -3,6 +3,7 @@ rule summarize:
         config=rules.freeze_config.output[0],
         metrics=metric_files(),
         runs=runnable_run_dirs(),
+        policy=rules.policy.output.model,
     output:
         f"{RESULTS}/summary.csv",
     log:
@@ -11,4 +12,4 @@ rule summarize:
         "../envs/harness.yaml"
     shell:
         "remax-bench summarize --config {input.config} --metrics {input.metrics} --runs {input.runs}"
-        " --out {output} > {log} 2>&1"
+        " --policy {input.policy} --out {output} > {log} 2>&1"
