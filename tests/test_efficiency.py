@@ -70,3 +70,19 @@ def test_the_pipeline_reports_mfu_against_the_measured_cpu_peak(micro_pipeline):
     for phase in ("mfu_gen", "mfu_train", "mfu_step"):
         assert ((summary[phase] > 0) & (summary[phase] < 1)).all(), summary[phase]
     assert "MFU step (gen / train)" in (results / "report" / "throughput.md").read_text()
+
+
+def test_a_policy_whose_shape_cannot_be_read_leaves_mfu_empty_and_says_why(micro_pipeline, tmp_path):
+    from conftest import run_cli
+
+    results = micro_pipeline / "results"
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text("{}")
+    runs = sorted((results / "runs" / "reference").iterdir())
+    proc = run_cli("summarize", "--config", results / "config.json", "--metrics",
+                   *sorted((results / "metrics" / "reference").glob("*.parquet")), "--runs", *runs,
+                   "--policy", tmp_path / "policy", "--out", tmp_path / "summary.csv")
+    assert proc.returncode == 0, proc.stderr
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["mfu_step"].isna().all() and (summary["throughput_tok_s"] > 0).all()
+    assert summary["peak_source"].str.contains("no MFU: .*config.json: cannot read the model's shape").all()
