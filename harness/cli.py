@@ -85,28 +85,12 @@ def cmd_ingest(args) -> None:
 
 
 def cmd_summarize(args) -> None:
-    from harness.efficiency import model_shape, run_peak
-    from harness.io import atomic_path, read_json_object
-    from harness.summarize import summarize
+    from harness.io import atomic_path
+    from harness.summarize import efficiency_of, summarize
 
     config = _config(args)
     evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
-    efficiency = None
-    if args.policy:
-        try:
-            shape, unknown = model_shape(Path(args.policy) / "config.json"), None
-        except HarnessError as e:  # MFU stays empty, saying why; throughput and the rest of the summary do not wait
-            shape, unknown = None, f"no MFU: {e}"
-        run_dirs = {read_json_object(Path(d) / "manifest.json", "manifest")["run_id"]: Path(d)
-                    for d in args.runs if (Path(d) / "manifest.json").is_file()}
-
-        def efficiency(metrics) -> dict:
-            run_id, n_gpus = metrics["run_id"].iloc[0], int(metrics["n_gpus"].iloc[0] or 0)
-            peak, source = (run_peak(run_dirs[run_id], n_gpus) if run_id in run_dirs
-                            else (None, "no peak: its run directory was not given"))
-            return {"shape": shape, "prompts": config["remax"]["train_batch_size"],
-                    "samples_per_prompt": config["remax"]["rollout_n"], "peak_flops": peak if shape else None,
-                    "peak_source": unknown or source}
+    efficiency = efficiency_of(config, Path(args.policy), [Path(d) for d in args.runs]) if args.policy else None
     summary = summarize([Path(p) for p in args.metrics], evals, config["remax"]["warmup_steps"], efficiency)
     with atomic_path(args.out) as tmp:
         summary.to_csv(tmp, index=False)

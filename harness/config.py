@@ -70,7 +70,9 @@ def validate_config(config: dict, source: str = "config") -> dict:
     tc = config["task"]
     if tc["kind"] == "file" and not tc["path"]:
         raise HarnessError(f"{source}: at task.path: task.kind file needs the dataset's path")
-    if tc["kind"] == "file" and tc["answer_key"] is None and config["reward"]["kind"] == "rule":
+    if tc["kind"] == "hub" and not tc["name"]:
+        raise HarnessError(f"{source}: at task.name: task.kind hub needs the dataset's name (e.g. openai/gsm8k)")
+    if tc["kind"] in ("file", "hub") and tc["answer_key"] is None and config["reward"]["kind"] == "rule":
         raise HarnessError(f"{source}: at task.answer_key: null (no reference answers), but the rule reward scores "
                            "against them; use reward.kind: model for open-ended prompts")
     if config["policy"]["hidden_size"] % config["policy"]["num_heads"]:

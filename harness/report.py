@@ -29,7 +29,7 @@ from harness import HarnessError  # noqa: E402
 from harness.config import validate_config  # noqa: E402
 from harness.io import atomic_path, read_json_object, write_text  # noqa: E402
 from harness.metrics import FRAMEWORK_THROUGHPUT, read_metrics  # noqa: E402
-from harness.summarize import by_framework, edge_means, read_eval, summarize_run  # noqa: E402
+from harness.summarize import by_framework, edge_means, efficiency_of, read_eval, summarize_run  # noqa: E402
 
 CLAIMS_PATH = Path(__file__).resolve().parents[1] / "workflows" / "report" / "claims.yaml"
 # Fraction of a run's steps averaged for its final reward (harness.summarize.edge_means) and for the
@@ -133,6 +133,10 @@ def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
     """Every planned run with its status; metrics that cannot be read or summarized mark the run failed."""
     runs = []
     warmup = config["remax"]["warmup_steps"]
+    # MFU as the summarize stage computes it: the policy's shape, each run's peak from its manifest.
+    efficiency = efficiency_of(config, results / "inputs" / "policy",
+                               [results / "runs" / fw / f"seed{seed}" for fw in config["frameworks"]
+                                for seed in config["seeds"]])
     for fw in config["frameworks"]:
         adapter = _adapter(fw)
         for seed in config["seeds"]:
@@ -146,7 +150,7 @@ def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
                     if set(df["framework"]) != {fw} or set(df["seed"]) != {seed}:
                         raise HarnessError(f"{metrics_path}: holds framework {sorted(set(df['framework']))} seed "
                                            f"{sorted(set(df['seed']))}, not {fw} seed {seed}")
-                    run.summary = summarize_run(df, warmup)
+                    run.summary = summarize_run(df, warmup, efficiency(df))
                     run.metrics, run.status = df, "ok"
                 except HarnessError as e:
                     run.status, run.reason = "failed", str(e)
@@ -617,12 +621,17 @@ def load_claims(path: Path) -> dict:
         claims = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise HarnessError(f"{path}: unreadable claims file ({e})") from None
-    for section, required in (("throughput", ("framework", "tokens_per_s", "hardware", "source")),
-                              ("ratios", ("faster", "slower", "ratio", "hardware", "source"))):
+    defaults = validate_config({})
+    for section, required in (("throughput", ("framework", "tokens_per_s", "hardware", "setting", "source")),
+                              ("ratios", ("faster", "slower", "ratio", "hardware", "setting", "source"))):
         for i, c in enumerate(claims.get(section, [])):
             missing = [k for k in required if k not in c]
             if missing:
                 raise HarnessError(f"{path}: at {section}[{i}]: missing {', '.join(missing)}")
+            unknown = [k for k in c["setting"] if k != "note" and _get(defaults, k) is None]
+            if unknown:
+                raise HarnessError(f"{path}: at {section}[{i}].setting: {', '.join(unknown)} is not a config key "
+                                   "(a setting is config keys, e.g. remax.max_response_length, and a note)")
     return claims
 
 
@@ -652,11 +661,23 @@ def _matches(hw: dict, gpus: list[str] | None) -> bool:
     return count_ok and all(str(hw.get("gpu", "")).lower() in g.lower() for g in gpus)
 
 
-def claims_table(claims: dict, runs: list[Run], table: pd.DataFrame) -> pd.DataFrame:
+# What decides whether a published throughput can be set beside this run's, besides the hardware.
+RUN_SETTING = ("remax.max_prompt_length", "remax.max_response_length", "remax.generation_length",
+               "remax.train_batch_size", "remax.rollout_n")
+
+
+def setting_words(setting: dict) -> str:
+    """A claim's published setting in words: its config keys and values, then its note."""
+    keys = "; ".join(f"{k.split('.')[-1]} {_fmt(v) if isinstance(v, (int, float)) else v}"
+                     for k, v in setting.items() if k != "note")
+    return "; ".join(part for part in (keys, setting.get("note", "")) if part) or "not stated"
+
+
+def claims_table(claims: dict, runs: list[Run], table: pd.DataFrame, config: dict) -> pd.DataFrame:
     measured = dict(zip(table["framework"], table["tokens_per_s"])) if not table.empty else {}
     rows = []
 
-    def verdict(fws: list[str], hw: dict) -> str | None:
+    def verdict(fws: list[str], hw: dict, setting: dict) -> str | None:
         for fw in fws:
             if fw not in measured:
                 return f"not measured: no completed {fw} run"
@@ -667,24 +688,29 @@ def claims_table(claims: dict, runs: list[Run], table: pd.DataFrame) -> pd.DataF
                 return f"not comparable: different hardware (this run: {fw} on {_hardware_words(runs, fw)})"
         if len(fws) > 1 and len({tuple(sorted(run_hardware(runs, fw))) for fw in fws}) > 1:
             return "not comparable: the frameworks ran on different hardware"
+        differ = [f"{k} {v} there, {_get(config, k)} here" for k, v in setting.items()
+                  if k != "note" and not _same(v, _get(config, k))]
+        if differ:
+            return f"not comparable: a different setting ({'; '.join(differ)})"
         return None
 
     def claim_hw(hw: dict) -> str:
         return f"{hw['gpus']}x {hw.get('gpu', '?')}" if hw.get("gpus") else f"{hw.get('gpu', '?')} (count not stated)"
 
     for c in claims.get("throughput", []):
-        fw, why = c["framework"], verdict([c["framework"]], c["hardware"])
+        fw, why = c["framework"], verdict([c["framework"]], c["hardware"], c["setting"])
         rows.append(dict(claim=f"{fw} {c.get('version') or ''} {_fmt(c['tokens_per_s'])} tokens/s".replace("  ", " "),
-                         model=c.get("model", ""), hardware=claim_hw(c["hardware"]), source=c["source"],
+                         model=c.get("model", ""), hardware=claim_hw(c["hardware"]),
+                         setting=setting_words(c["setting"]), source=c["source"],
                          measured=why or f"{_fmt(measured[fw])} tokens/s ({measured[fw] / c['tokens_per_s']:.2f}x the claim)",
                          comparable=why is None))
     for c in claims.get("ratios", []):
         fws = [c["faster"], c["slower"]]
-        why = verdict(fws, c["hardware"])
+        why = verdict(fws, c["hardware"], c["setting"])
         rows.append(dict(claim=f"{c['faster']} / {c['slower']} = {c['ratio']:.2f}x tokens/s", model=c.get("model", ""),
-                         hardware=claim_hw(c["hardware"]), source=c["source"],
+                         hardware=claim_hw(c["hardware"]), setting=setting_words(c["setting"]), source=c["source"],
                          measured=why or f"{measured[fws[0]] / measured[fws[1]]:.2f}x", comparable=why is None))
-    return pd.DataFrame(rows, columns=["claim", "model", "hardware", "source", "measured", "comparable"])
+    return pd.DataFrame(rows, columns=["claim", "model", "hardware", "setting", "source", "measured", "comparable"])
 
 
 # ---- HTML --------------------------------------------------------------------------------------------------
@@ -925,10 +951,12 @@ def render_html(*, config: dict, results: Path, runs: list[Run], table: pd.DataF
 
     parts.append("<h2>5. Published claims versus this run</h2>")
     parts.append("<p>These are <b>claims</b> from publications, not measurements of this project "
-                 "(<code>workflows/report/claims.yaml</code> lists them with sources); they are compared only with "
-                 "runs on matching hardware.</p>")
-    parts.append(_table(["claim", "model", "claim hardware", "source", "measured here"],
-                        [[f'<span class="claim">{_e(c.claim)}</span>', _e(c.model), _e(c.hardware), _e(c.source),
+                 "(<code>workflows/report/claims.yaml</code> lists them with sources and the published setting "
+                 "each used); they are compared only with runs on matching hardware in that setting. This run: "
+                 f"{_e(setting_words({k: _get(config, k) for k in RUN_SETTING}))}.</p>")
+    parts.append(_table(["claim", "model", "claim hardware", "published setting", "source", "measured here"],
+                        [[f'<span class="claim">{_e(c.claim)}</span>', _e(c.model), _e(c.hardware), _e(c.setting),
+                          _e(c.source),
                           f"<b>{_e(c.measured)}</b>" if c.comparable else _e(c.measured)]
                          for c in claims.itertuples()]))
 
@@ -981,4 +1009,4 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
     write_text(out / "index.html", render_html(
         config=config, results=results, runs=runs, table=table, per_run=per_run, ttr=ttr, target=target,
         fair=fairness_table(config, runs), conformance=read_conformance(results, problems),
-        claims=claims_table(claims, runs, table), figures=figures, problems=problems))
+        claims=claims_table(claims, runs, table, config), figures=figures, problems=problems))

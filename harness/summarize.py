@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
-from harness.efficiency import ModelShape, step_flops
+from harness.efficiency import ModelShape, model_shape, run_peak, step_flops
 from harness.metrics import read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
@@ -73,6 +73,30 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int, efficiency: dict | None =
                    dict.fromkeys(("mfu_gen", "mfu_train", "mfu_step"), np.nan),
                    peak_flops=peak or np.nan, peak_source=efficiency["peak_source"])
     return row
+
+
+def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]):
+    """summarize_run's efficiency record per run's metrics, from the policy's config.json and each run's manifest
+    (its peak); an unreadable policy or peak leaves MFU empty and says why, and the rest of the summary stands."""
+    try:
+        shape, unknown = model_shape(policy / "config.json"), None
+    except HarnessError as e:
+        shape, unknown = None, f"no MFU: {e}"
+    by_id = {}
+    for d in run_dirs:
+        try:
+            by_id[json.loads((d / "manifest.json").read_text())["run_id"]] = d
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            continue  # run_peak names the missing or broken manifest for the run it belongs to
+
+    def efficiency(metrics: pd.DataFrame) -> dict:
+        run_id, n_gpus = metrics["run_id"].iloc[0], int(metrics["n_gpus"].iloc[0] or 0)
+        peak, source = (run_peak(by_id[run_id], n_gpus) if run_id in by_id
+                        else (None, "no peak: its run directory was not given"))
+        return {"shape": shape, "prompts": config["remax"]["train_batch_size"],
+                "samples_per_prompt": config["remax"]["rollout_n"], "peak_flops": peak if shape else None,
+                "peak_source": unknown or source}
+    return efficiency
 
 
 def read_eval(path: Path) -> dict:

@@ -98,45 +98,91 @@ def from_file(task: dict) -> list[dict]:
     """Canonical rows from task.path, every record checked; errors name the file, the record and the key."""
     path = Path(task["path"])
     records = _records(path)
+    splits = None
+    if task["split_key"]:
+        splits = [_split(record, task["split_key"], f"{path}: record {number}")
+                  for number, record in enumerate(records, 1)]
+    return canonical(records, splits, task, str(path))
+
+
+def _split(record: dict, key: str, where: str) -> str:
+    if key not in record:
+        raise HarnessError(f"{where}: missing {key!r} (task.split_key; it has {', '.join(map(repr, record))})")
+    split = SPLITS.get(str(record[key]).lower())
+    if split is None:
+        raise HarnessError(f"{where}: {key}: unknown split {record[key]!r} (expected {', '.join(SPLITS)})")
+    return split
+
+
+def from_hub(task: dict) -> list[dict]:
+    """Canonical rows from a Hugging Face dataset (task.name, subset, revision, splits) through `datasets`, which
+    caches what it downloads; a name that is a local folder is read by `datasets` the same way, offline."""
+    try:
+        import datasets
+    except ImportError:
+        raise HarnessError("config: at task.kind: hub needs the `datasets` package (pip install -c "
+                           "requirements.lock datasets)") from None
+    name, where = task["name"], f"dataset {task['name']!r}" + (f" ({task['subset']})" if task["subset"] else "")
+    records, splits = [], []
+    for split, hub_split in (("train", task["splits"]["train"]), ("eval", task["splits"]["eval"])):
+        if hub_split is None:
+            continue
+        try:
+            rows = datasets.load_dataset(name, task["subset"], split=hub_split, revision=task["revision"])
+        except datasets.exceptions.DatasetNotFoundError as e:
+            raise HarnessError(f"config: at task.name: {where}: no such dataset on the Hub, or not readable "
+                               f"with this machine's token ({e})") from None
+        except ConnectionError as e:
+            raise HarnessError(f"config: at task.name: {where}: the Hugging Face Hub cannot be reached and the "
+                               f"dataset is not in the local cache ({e}); run the dataset rule where the Hub is "
+                               "reachable (HF_ENDPOINT for a mirror), or give a local file (task.kind file)") from None
+        except ValueError as e:  # an unknown split or subset: `datasets` lists the ones there are
+            raise HarnessError(f"config: at task.splits.{split}: {where}: {e}") from None
+        records += rows.to_list()
+        splits += [split] * len(rows)
+    return canonical(records, splits if task["splits"]["eval"] is not None else None, task,
+                     f"{where} split {task['splits']['train']}")
+
+
+def canonical(records: list[dict], splits: list[str] | None, task: dict, source: str) -> list[dict]:
+    """The shared dataset's rows from a source's records, each checked (errors name the source, the record and the
+    key); `splits`, one per record, or None to draw task.eval_fraction of them (task.seed) for eval."""
     if not records:
-        raise HarnessError(f"{path}: no records")
-    keys = {"prompt": task["prompt_key"], "answer": task["answer_key"], "id": task["id_key"],
-            "split": task["split_key"]}
+        raise HarnessError(f"{source}: no records")
+    keys = {"prompt": task["prompt_key"], "answer": task["answer_key"], "id": task["id_key"]}
     rows = []
     for number, record in enumerate(records, 1):
-        where = f"{path}: record {number}"
+        where = f"{source}: record {number}"
         missing = [k for k in keys.values() if k is not None and k not in record]
         if missing:
             raise HarnessError(f"{where}: missing {', '.join(map(repr, missing))} (task.prompt_key, answer_key, "
                                f"id_key, split_key name the columns; it has {', '.join(map(repr, record))})")
-        split = "train"
-        if keys["split"]:
-            split = SPLITS.get(str(record[keys["split"]]).lower())
-            if split is None:
-                raise HarnessError(f"{where}: {keys['split']}: unknown split {record[keys['split']]!r} "
-                                   f"(expected {', '.join(SPLITS)})")
         rows.append({"id": str(record[keys["id"]]) if keys["id"] else f"record-{number:06d}",
                      "prompt": _prompt(record[keys["prompt"]], where, keys["prompt"]),
-                     "answer": "" if keys["answer"] is None else str(record[keys["answer"]]), "split": split})
+                     "answer": "" if keys["answer"] is None else str(record[keys["answer"]]),
+                     "split": splits[number - 1] if splits else "train"})
     seen: dict[str, int] = {}
     for row in rows:
         seen[row["id"]] = seen.get(row["id"], 0) + 1
     duplicates = [i for i, n in seen.items() if n > 1]
     if duplicates:
-        raise HarnessError(f"{path}: {len(duplicates)} duplicate id(s) in {keys['id']!r}: "
+        raise HarnessError(f"{source}: {len(duplicates)} duplicate id(s) in {keys['id']!r}: "
                            f"{', '.join(duplicates[:5])}{' ...' if len(duplicates) > 5 else ''}")
-    if not keys["split"]:
+    if not splits:
         n_eval = max(1, round(len(rows) * task["eval_fraction"]))
         for i in random.Random(task["seed"]).sample(range(len(rows)), n_eval):
             rows[i]["split"] = "eval"
     for split in ("train", "eval"):
         if not any(r["split"] == split for r in rows):
-            raise HarnessError(f"{path}: the {split} split is empty ({len(rows)} records)")
+            raise HarnessError(f"{source}: the {split} split is empty ({len(rows)} records)")
     return rows
 
 
+SOURCES = {"file": from_file, "hub": from_hub}
+
+
 def write_dataset(task: dict, dest: str | Path) -> None:
-    write_text(dest, to_jsonl(from_file(task) if task["kind"] == "file" else generate(task)))
+    write_text(dest, to_jsonl(SOURCES.get(task["kind"], generate)(task)))
 
 
 def read_dataset(path: str | Path) -> dict[str, list[dict]]:

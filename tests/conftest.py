@@ -12,6 +12,17 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+def a100x8_offline(n_train: int, n_eval: int) -> dict:
+    """workflows/config/a100x8.yaml as parsed YAML, its Hub dataset and reward model replaced by what exists here (no
+    Hub, no 7B reward model): 5-digit addition of the given size, scored by the rule. Everything else is the profile's."""
+    import yaml
+
+    raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    raw["task"] = {"kind": "addition", "digits": 5, "n_train": n_train, "n_eval": n_eval, "seed": 1234}
+    raw["reward"] = {"kind": "rule"}
+    return raw
+
+
 def run_cli(*args, cwd=None):
     """The real console script, in a subprocess, as users and Snakemake rules call it."""
     return subprocess.run([str(BIN / "remax-bench"), *map(str, args)], cwd=cwd, capture_output=True, text=True)
@@ -45,9 +56,9 @@ def a100x8(tmp_path_factory):
     root = tmp_path_factory.mktemp("a100x8")
     (root / "ckpt").mkdir()
     (root / "ckpt" / "config.json").write_text("{}")  # plan never loads the model
-    raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    raw = a100x8_offline(0, 20)
     raw["policy"]["path"] = str(root / "ckpt")
-    raw["task"].update(n_train=raw["remax"]["steps"] * raw["remax"]["train_batch_size"] + 40, n_eval=20)
+    raw["task"]["n_train"] = raw["remax"]["steps"] * raw["remax"]["train_batch_size"] + 40
     config_path = root / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     config = load_config(config_path)

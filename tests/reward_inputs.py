@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from conftest import a100x8_offline
 from harness.config import validate_config
 from harness.inputs import build_dataset, build_policy, build_reward
 from harness.io import write_text
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def save_reward_model(dest: Path, texts: list[str]) -> Path:
+def save_reward_model(dest: Path, texts: list[str], max_positions: int = 128) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
@@ -34,7 +35,7 @@ def save_reward_model(dest: Path, texts: list[str]) -> Path:
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id, max_position_embeddings=128))
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id, max_position_embeddings=max_positions))
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
@@ -44,9 +45,8 @@ def model_reward_inputs(root: Path) -> dict:
     """{"config", "config_path", "inputs", "checkpoint"} under `root`: dataset, policy and the reward model."""
     from harness import task
 
-    raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    raw = a100x8_offline(2000, 100)
     raw["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "sft": {"steps": 0}}
-    raw["task"].update(n_train=2000, n_eval=100)
     raw["remax"].update(train_batch_size=32, max_prompt_length=64, max_response_length=8)
     raw["verl"] = {**raw.get("verl", {}), "micro_batch_size_per_gpu": 4}  # divides each of 8 GPUs' 32 / 8 rows
     checkpoint = root / "reward-ckpt"

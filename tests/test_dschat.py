@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO, run_cli
+from conftest import REPO, a100x8_offline, run_cli
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import dschat, get_adapter
@@ -39,10 +39,9 @@ needs_checkout = pytest.mark.skipif(
 
 def small_a100x8(**remax):
     """The 8xA100 profile with a small built policy and a small task (the plan reads sizes, not weights)."""
-    config = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+    config = a100x8_offline(2000, 100)
     config["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
                         "sft": {"steps": 0}}
-    config["task"].update(n_train=2000, n_eval=100)
     config["remax"].update({"train_batch_size": 16, "max_prompt_length": 64, "max_response_length": 8, **remax})
     return config
 
@@ -338,9 +337,9 @@ import torch, deepspeed
 import dschat_launcher as L
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-steps_log, task, mode, reward_url, checkout = sys.argv[2:7]
+steps_log, task, mode, reward_url, checkout, generation_length = sys.argv[2:8]
 rec = L.StepRecorder(steps_log)
-L.wrap_hybrid_engine(rec)  # on the class, before deepspeed.initialize
+L.wrap_hybrid_engine(rec, fixed_length=generation_length == "fixed")  # on the class, before deepspeed.initialize
 tok = AutoTokenizer.from_pretrained(task + "/tokenizer")
 tok.pad_token = tok.eos_token  # as DeepSpeed-Chat's get_tokenizer does
 torch.manual_seed(0)
@@ -408,10 +407,11 @@ os._exit(0)
 """
 
 
-def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout=""):
+def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout="", generation_length="natural"):
     log = tmp_path / "steps.log"
     proc = subprocess.run([ds_python, "-c", DRIVER, REPO / "harness" / "frameworks", log, task_files, mode,
-                           reward_url, checkout], capture_output=True, text=True, env=ds_env(), timeout=600)
+                           reward_url, checkout, generation_length], capture_output=True, text=True, env=ds_env(),
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     report = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("REPORT ")))
     return report, [json.loads(line) for line in log.read_text().splitlines()]
@@ -465,6 +465,24 @@ def test_hybrid_engine_wrapping_times_real_deepspeed_on_cpu(engine_run, tmp_path
     d = run_dir(tmp_path, {dschat.STEPS_LOG: (engine_dir / "steps.log").read_text()}, n_gpus=0)
     df = dschat.ingest([d / dschat.STEPS_LOG])
     assert list(df["step"]) == [1, 2] and (df["throughput_tok_s"] > 0).all() and df["time_transition_s"].gt(0).all()
+
+
+def test_fixed_generation_length_holds_every_response_to_max_length(ds_python, tmp_path, task_files, engine_run):
+    """remax.generation_length fixed: the launcher's min_length makes Transformers mask EOS in DeepSpeed's generate()
+    until max_length, for sampled and greedy calls alike; in natural mode (engine_run) some responses end early."""
+    report, lines = drive(ds_python, tmp_path, task_files, "engine", generation_length="fixed")
+    _, natural, _ = engine_run
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(task_files / "tokenizer").eos_token_id
+    for line, step in zip(lines, report["steps"]):
+        width = len(step["prompt"][0])
+        for seq in step["sampled"] + step["greedy"]:
+            assert len(seq) == width + 6 and eos not in seq[width:]
+        assert line["tokens_response"] == line["tokens_baseline"] == 4 * 6
+    ended_early = [_length(s[len(st["prompt"][0]):], eos) < 6
+                   for st in natural["steps"] for s in st["sampled"] + st["greedy"]]
+    assert any(ended_early), "the natural run never stopped at EOS, so it cannot show what fixed changes"
 
 
 def test_llama_inference_containers_need_gpu_kernels(ds_python, tmp_path):

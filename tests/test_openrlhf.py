@@ -157,8 +157,9 @@ def test_plan_exports_prompts_agent_and_reward_url(planned, a100x8):
     assert rows == [{"input": r["prompt"], "label": r["answer"]} for r in train[:len(rows)]]
     assert (planned / "remax_agent.py").read_bytes() == (orl.REMAX_DIR / "remax_agent.py").read_bytes()
     assert (planned / "remax_patch.py").read_bytes() == (orl.REMAX_DIR / "remax_patch.py").read_bytes()
-    url = json.loads((planned / "remax_agent.json").read_text())["reward_url"]
-    assert url == f"http://127.0.0.1:{oc['reward_port']}/get_reward"
+    agent = json.loads((planned / "remax_agent.json").read_text())
+    assert agent["reward_url"] == f"http://127.0.0.1:{oc['reward_port']}/get_reward"
+    assert agent["min_tokens_is_max_tokens"] is (rc["generation_length"] == "fixed")
     launch = (planned / "launch.sh").read_text()
     assert subprocess.run(["bash", "-n", str(planned / "launch.sh")]).returncode == 0
     assert shlex.join(json.loads((planned / "plan.json").read_text())["argv"]) in launch
@@ -406,11 +407,14 @@ def reward_server():
     srv.server_close()
 
 
-def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_python, tmp_path, reward_server):
+@pytest.mark.parametrize("fixed_length", [False, True])
+def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_python, tmp_path, reward_server,
+                                                                    fixed_length):
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
     shutil.copy2(orl.REMAX_DIR / "remax_agent.py", agent_dir)
-    (agent_dir / "remax_agent.json").write_text(json.dumps({"reward_url": reward_server.url + "/get_reward"}))
+    (agent_dir / "remax_agent.json").write_text(json.dumps({"reward_url": reward_server.url + "/get_reward",
+                                                            "min_tokens_is_max_tokens": fixed_length}))
     n, dead_url = 3, f"http://127.0.0.1:{_free_port()}/get_reward"
     pairs = ["12+34=46", "5+7=13"]  # the second label is wrong on purpose: the greedy answer 12 scores 0.5
     out = tmp_path / "agent.json"
@@ -428,6 +432,8 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
         assert len(requests) == 2 * (n + 1) and len(greedy) == 2  # n samples + 1 greedy per prompt per step
         assert all((q["top_p"], q["top_k"], q["max_tokens"]) == (1.0, -1, 8) for q in greedy)
         assert all(q["temperature"] == 1.0 for q in requests if q not in greedy)
+        # remax.generation_length: OpenRLHF's default min_tokens 1, or every request (greedy too) at max_tokens.
+        assert all(q["min_tokens"] == (8 if fixed_length else 1) for q in requests)
         a, b = prompt[:-1].split("+")
         greedy_answer = str(int(a) + int(b))
         for s in samples:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import REPO, run_cli
-from harness.config import load_config
+from conftest import REPO, a100x8_offline, run_cli
+from harness.config import validate_config
 from harness.policy import build_policy, train_tokenizer
 from harness.preflight import preflight, render
 
@@ -34,7 +34,7 @@ def checkpoint(path, hidden: int, heads: int):
 
 
 def a100x8(tmp_path, policy, **openrlhf):
-    config = load_config(REPO / "workflows" / "config" / "a100x8.yaml")
+    config = validate_config(a100x8_offline(2000, 100))
     config["policy"]["path"] = str(policy)
     config["openrlhf"].update(openrlhf)
     return config

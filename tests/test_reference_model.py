@@ -83,6 +83,24 @@ def test_greedy_rows_are_transformers_greedy_and_sampled_rows_follow_their_promp
     assert (out[ended > 0] == PAD).all()
 
 
+def test_fixed_length_masks_eos_until_the_length_as_transformers_min_new_tokens(model):
+    """remax.generation_length fixed: every row runs to max_new_tokens with no EOS, and the greedy rows are what
+    Transformers' min_new_tokens (the mask vLLM's min_tokens applies too) decodes; natural rows do end at EOS."""
+    ids, attn = prompts()
+    decoder = Decoder(model)
+
+    def responses(min_new_tokens):
+        torch.manual_seed(3)
+        return generate(decoder, ids, attn, n=8, greedy=True, max_new_tokens=12, temperature=1.0, top_p=1.0,
+                        eos_id=EOS, pad_id=PAD, min_new_tokens=min_new_tokens)
+    natural, fixed = responses(0), responses(12)
+    assert (natural == EOS).any(1).sum() > 0, "no natural row ended at EOS: the case shows nothing"
+    assert fixed.shape == (3 * 8 + 3, 12) and not (fixed == EOS).any()
+    expected = model.generate(input_ids=ids, attention_mask=attn, do_sample=False, max_new_tokens=12,
+                              min_new_tokens=12, pad_token_id=PAD, eos_token_id=EOS)[:, ids.shape[1]:]
+    assert torch.equal(fixed[24:], expected)
+
+
 def test_half_precision_weights_decode_and_score_in_their_dtype():
     # GPU profiles load checkpoints in bfloat16: rotary tables and attention must stay in the weights' dtype.
     torch.manual_seed(0)

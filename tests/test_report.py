@@ -237,15 +237,23 @@ def test_claims_compared_only_on_matching_hardware(tmp_path, frameworks):
     synthetic.write_config(results, [FAST, SLOW], [1], steps=20, warmup=2)
     synthetic.write_run(results, FAST, 1, steps=20, step_s=0.5, final_reward=0.5, n_gpus=8, gpus=synthetic.A100X8)
     synthetic.write_run(results, SLOW, 1, steps=20, step_s=1.0, final_reward=0.5)
+    response_length = json.loads((results / "config.json").read_text())["remax"]["max_response_length"]
     claims = tmp_path / "claims.yaml"
     claims.write_text(f"""
 throughput:
-  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim}}
-  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: H100}}, source: synthetic claim}}
-  - {{framework: {SLOW}, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim}}
-  - {{framework: synthetic-absent, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: s}}
+  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim,
+     setting: {{remax.max_response_length: {response_length}, note: same length}}}}
+  - {{framework: {FAST}, tokens_per_s: 1000, model: m, hardware: {{gpus: 8, gpu: H100}}, source: synthetic claim,
+     setting: {{}}}}
+  - {{framework: {FAST}, tokens_per_s: 900, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim,
+     setting: {{remax.max_response_length: 1024, remax.generation_length: fixed}}}}
+  - {{framework: {SLOW}, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: synthetic claim,
+     setting: {{}}}}
+  - {{framework: synthetic-absent, tokens_per_s: 500, model: m, hardware: {{gpus: 8, gpu: A100}}, source: s,
+     setting: {{}}}}
 ratios:
-  - {{faster: {FAST}, slower: {SLOW}, ratio: 2.0, hardware: {{gpus: null, gpu: A100}}, source: synthetic claim}}
+  - {{faster: {FAST}, slower: {SLOW}, ratio: 2.0, hardware: {{gpus: null, gpu: A100}}, source: synthetic claim,
+     setting: {{}}}}
 """)
     render(results, results / "report", claims_path=claims)
     page = (results / "report" / "index.html").read_text()
@@ -254,7 +262,11 @@ ratios:
     assert f"not comparable: different hardware (this run: {FAST} on 8x NVIDIA A100-SXM4-80GB)" in page
     assert f"not comparable: different hardware (this run: {SLOW} on 0 GPUs (synthetic CPU))" in page
     assert "not measured: no completed synthetic-absent run" in page
-    assert page.count("not comparable") == 3  # the ratio too: one side ran on a CPU
+    # The published setting is shown, and a claim made in another one is not set beside this run.
+    assert f"<td>max_response_length {response_length}; same length</td>" in page
+    assert (f"not comparable: a different setting (remax.max_response_length 1024 there, {response_length} here; "
+            "remax.generation_length fixed there, natural here)") in page
+    assert page.count("not comparable") == 4  # the ratio too: one side ran on a CPU
 
 
 def test_project_claims_file_has_a_source_for_every_claim():
@@ -266,7 +278,11 @@ def test_project_claims_file_has_a_source_for_every_claim():
 def test_bad_claims_file_names_the_entry(tmp_path):
     bad = tmp_path / "claims.yaml"
     bad.write_text("throughput:\n  - {framework: x, tokens_per_s: 1}\n")
-    with pytest.raises(HarnessError, match=r"at throughput\[0\]: missing hardware, source"):
+    with pytest.raises(HarnessError, match=r"at throughput\[0\]: missing hardware, setting, source"):
+        load_claims(bad)
+    bad.write_text("throughput:\n  - {framework: x, tokens_per_s: 1, hardware: {gpus: 8}, source: s,\n"
+                   "     setting: {remax.response_len: 1024}}\n")
+    with pytest.raises(HarnessError, match=r"at throughput\[0\].setting: remax.response_len is not a config key"):
         load_claims(bad)
 
 

@@ -147,7 +147,7 @@ def test_a_log_without_training_steps_is_an_error_not_an_empty_table(tmp_path, n
                                     "\x1b[35m(TaskRunner.run pid=2861, ip=10.0.0.7)\x1b[0m "])
 def test_console_lines_with_or_without_a_ray_prefix(tmp_path, prefix):
     shutil.copy(RUN / "plan.json", tmp_path / "plan.json")
-    line = next(l for l in (RUN / "verl_metrics.jsonl").read_text().splitlines() if '"step":1,' in l)
+    line = next(x for x in (RUN / "verl_metrics.jsonl").read_text().splitlines() if '"step":1,' in x)
     data = json.loads(line)["data"]
     (tmp_path / "console.log").write_text("noise\n" + prefix + " - ".join(
         ["step:1"] + [f"{k}:{v!r}" for k, v in data.items() if isinstance(v, (int, float))]) + "\n")
@@ -204,6 +204,9 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert float(o["actor_rollout_ref.actor.optim.lr"]) == rc["lr"]
     assert float(o["actor_rollout_ref.rollout.temperature"]) == rc["temperature"]
     assert float(o["actor_rollout_ref.rollout.top_p"]) == rc["top_p"]
+    # The profile's responses run to their full length: verl's ignore_eos, with the way it differs named.
+    assert rc["generation_length"] == "fixed" and o["actor_rollout_ref.rollout.ignore_eos"] == "True"
+    assert "remax.generation_length" in {d["key"] for d in plan["deviations"]}
     assert int(o["trainer.total_training_steps"]) == rc["steps"]
     assert int(o["trainer.n_gpus_per_node"]) == cfg["launch"]["gpus_per_node"]
     assert int(o["trainer.nnodes"]) == cfg["launch"]["nnodes"]

@@ -226,6 +226,7 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         str(LAUNCHER), "--main", f"{RUN_DIR}/ReMax/{MAIN}", "--steps-log", f"{RUN_DIR}/{STEPS_LOG}",
         "--dataset", str(dataset),
         *(["--reward-url", _reward_url(config, reward)] if _reward_url(config, reward) else []),
+        "--generation-length", config["remax"]["generation_length"],
         *main_args,
     ]
 
@@ -327,6 +328,9 @@ def _hyperparameters(config: dict, seed: int, settings: dict) -> list[dict]:
         h("remax.rollout_n", rc["rollout_n"], "(one sample per prompt, fixed)", 1),
         h("remax.max_prompt_length", rc["max_prompt_length"], "--max_prompt_seq_len", rc["max_prompt_length"]),
         h("remax.max_response_length", rc["max_response_length"], "--max_answer_seq_len", rc["max_response_length"]),
+        h("remax.generation_length", rc["generation_length"], "the launcher's --generation-length: fixed adds "
+          "min_length = max_length to remax_trainer.py's hard-coded generate() arguments; natural leaves them",
+          rc["generation_length"]),
         h("remax.temperature", rc["temperature"], "remax_trainer.py temperature (hard-coded)", 1.0),
         h("remax.top_p", rc["top_p"], "remax_trainer.py top_p (hard-coded)", 0.9),
         h("remax.lr", rc["lr"], "--actor_learning_rate (--lr_scheduler_type constant)", rc["lr"]),

@@ -3,7 +3,7 @@
 Started by the `deepspeed` launcher in the dschat environment, once per rank, as a script:
 
     deepspeed --num_gpus N dschat_launcher.py --main MAIN.py --steps-log LOG --dataset DATASET.jsonl
-        [--reward-url URL] MAIN.py's own arguments...
+        [--reward-url URL] [--generation-length natural|fixed] MAIN.py's own arguments...
 
 (every argument that is not the launcher's, and the `--local_rank=R` that the `deepspeed` launcher inserts, goes to
 main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a script, not a
@@ -17,6 +17,8 @@ Before main.py runs (with `runpy`, as `__main__`), it
   call. DeepSpeed-Chat times none of the train->generate switch and prints throughput from configured maximum
   lengths; these wrappers measure the switch (`eval()`, and the ZeRO-3 parameter gather inside `generate`, which
   DeepSpeed itself reports as `_gather_latency`), sampled and greedy generation apart, and the actual tokens;
+  with `--generation-length fixed` it adds `min_length = max_length` to remax_trainer.py's generate() call (whose
+  arguments are hard-coded), so Transformers masks EOS until every response has --max_answer_seq_len tokens;
 * wraps `DeepSpeedReMaxTrainer.generate_experience` to know where a training iteration starts (evaluation
   rollouts, `training_mode=False`, are not steps) and what its rollout scored;
 * replaces DeepSpeed-Chat's reward model (`DeepSpeedRLHFEngine._init_reward`) with the shared reward,
@@ -172,8 +174,9 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None) -> None:
-    """Time DeepSpeedHybridEngine's eval/train/generate/step on the class (call before deepspeed.initialize)."""
+def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None, fixed_length: bool = False) -> None:
+    """Time DeepSpeedHybridEngine's eval/train/generate/step on the class (call before deepspeed.initialize);
+    with fixed_length, every generate() call is held to its max_length (Transformers' min_length)."""
     if engine_cls is None:
         from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine as engine_cls
     orig = {name: getattr(engine_cls, name) for name in ("eval", "train", "generate", "step", "create_inference_module")}
@@ -194,6 +197,8 @@ def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None) -> None:
 
     def generate(self, *inputs, **kwargs):
         prompt = inputs[0] if inputs else kwargs["input_ids"]
+        if fixed_length:
+            kwargs = {**kwargs, "min_length": kwargs["max_length"]}
         t = _synchronized_now()
         seq = orig["generate"](self, *inputs, **kwargs)
         elapsed = _synchronized_now() - t
@@ -323,13 +328,13 @@ class SharedReward:
         return [float(r) for r in rewards]
 
 
-def install(recorder: StepRecorder, dataset: str, reward_url: str | None) -> None:
+def install(recorder: StepRecorder, dataset: str, reward_url: str | None, fixed_length: bool = False) -> None:
     """Patch DeepSpeed and the ReMax modules (importable from sys.path) before main.py runs."""
     import rlhf_engine
     import remax_trainer
     from utils.data import raw_datasets
 
-    wrap_hybrid_engine(recorder)
+    wrap_hybrid_engine(recorder, fixed_length=fixed_length)
     wrap_trainer(recorder, remax_trainer.DeepSpeedReMaxTrainer)
 
     def init_reward(self, reward_model_name_or_path):
@@ -343,7 +348,7 @@ def install(recorder: StepRecorder, dataset: str, reward_url: str | None) -> Non
         None if sample["chosen"] is None else sample["prompt"] + sample["chosen"])
 
 
-LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url")  # each takes one value
+LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url", "--generation-length")  # one value each
 
 
 def parse_args(argv: list[str]):
@@ -353,6 +358,8 @@ def parse_args(argv: list[str]):
     p.add_argument("--steps-log", required=True, help="JSON lines, one per optimizer step (rank 0)")
     p.add_argument("--dataset", required=True, help="the shared dataset (JSONL with prompt and answer)")
     p.add_argument("--reward-url", default=None, help="shared reward server; default: harness.reward.score here")
+    p.add_argument("--generation-length", choices=("natural", "fixed"), default="natural",
+                   help="remax.generation_length: fixed holds every response to --max_answer_seq_len tokens")
     return p.parse_known_args(argv)
 
 
@@ -372,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     args, main_args = parse_args(sys.argv[1:] if argv is None else argv)
     main_path = prepare(args.main)
     recorder = StepRecorder(args.steps_log)
-    install(recorder, args.dataset, args.reward_url)
+    install(recorder, args.dataset, args.reward_url, fixed_length=args.generation_length == "fixed")
     sys.argv = [main_path] + main_args
     runpy.run_path(main_path, run_name="__main__")
 

@@ -73,6 +73,10 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
          "framework_key": "data.max_len - rollout.max_new_tokens", "effective": rc["max_prompt_length"]},
         {"key": "remax.max_response_length", "shared": rc["max_response_length"],
          "framework_key": "rollout.max_new_tokens (samples and greedy)", "effective": rc["max_response_length"]},
+        {"key": "remax.generation_length", "shared": rc["generation_length"],
+         "framework_key": "vLLM SamplingParams.min_tokens, set by the ReMax agent (remax_agent.json "
+         "min_tokens_is_max_tokens; no OpenRLHF flag: train_ppo_ray never sets min_new_tokens, so its default 1 "
+         "applies otherwise)", "effective": rc["generation_length"]},
         {"key": "remax.temperature", "shared": rc["temperature"], "framework_key": "rollout.temperature",
          "effective": rc["temperature"]},
         {"key": "remax.top_p", "shared": rc["top_p"], "framework_key": "rollout.top_p", "effective": rc["top_p"]},
@@ -177,7 +181,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                                           for r in train[:n_prompts]))
         shutil.copy2(REMAX_DIR / AGENT, tmp / AGENT)
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
-        write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH})
+        write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH,
+                                        "min_tokens_is_max_tokens": rc["generation_length"] == "fixed"})
         write_text(tmp / "launch.sh", LAUNCH.format(
             version=VERSION, log=LOG, patch=PATCH, env_bin=_sh(envs.ENV_ROOT / ENV / "bin"),
             env_check=envs.env_check(ENV, config, "python3"),

@@ -109,8 +109,14 @@ def _generate(rollout: Decoder, tokenizer, prompts: list[str], *, n: int, greedy
     enc = tokenizer(prompts, padding=True, return_tensors="pt").to(device)
     response = generate(rollout, enc["input_ids"], enc["attention_mask"], n=n, greedy=greedy,
                         max_new_tokens=remax_cfg["max_response_length"], temperature=remax_cfg["temperature"],
-                        top_p=remax_cfg["top_p"], eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+                        top_p=remax_cfg["top_p"], eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                        min_new_tokens=fixed_length_tokens(remax_cfg))
     return enc["input_ids"], enc["attention_mask"], response
+
+
+def fixed_length_tokens(remax_cfg: dict) -> int:
+    """Tokens before which EOS cannot be drawn: all of them for remax.generation_length fixed, none for natural."""
+    return remax_cfg["max_response_length"] if remax_cfg["generation_length"] == "fixed" else 0
 
 
 def _decode(tokenizer, response: torch.Tensor, mask: torch.Tensor) -> list[str]:

