@@ -126,7 +126,32 @@ def _without_metrics(results: Path, run: Run, adapter, config: dict) -> tuple[st
         return "not run", blocked
     if adapter is None:
         return "not run", f"framework {fw!r} has no registered adapter in this harness version"
+    upstream = _upstream_failure(results, run, config)
+    if upstream:
+        return "not run", upstream
     return "not run", f"no metrics yet ({metrics_path} missing)"
+
+
+def _upstream_failure(results: Path, run: Run, config: dict) -> str | None:
+    """Why a run never started, from the jobs it waits for (the pipeline keeps going past them): its plan refused,
+    its environment not built, its pinned source checkout not made (e.g. no network). The stage's last log line."""
+    from harness.frameworks import environment, get_adapter
+
+    env = environment(get_adapter(run.framework), config)
+    stages = [("its plan was refused", results / "logs" / "plan" / f"{run.framework}_seed{run.seed}.log",
+               results / "plans" / run.framework / f"seed{run.seed}")]
+    if env:
+        stages.append(("its environment could not be built", results / "logs" / "env" / f"{env}.log",
+                       results / "envs" / f"{env}.txt"))
+    checkout = (config.get(run.framework) or {}).get("checkout")
+    if checkout:
+        stages.append(("its pinned source checkout could not be made",
+                       results / "logs" / "setup" / f"{run.framework}_checkout.log", Path(checkout)))
+    for what, log, output in stages:
+        lines = _tail(log).strip().splitlines()
+        if lines and not output.exists():
+            return f"{what}: {lines[-1].strip()} ({log})"
+    return None
 
 
 def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:

@@ -2,7 +2,7 @@
 and (where the pinned liziniu/ReMax checkout is present) ReMax's own parser, trainer step and return computation.
 
 Tests that need the checkout skip without it (CI has no GitHub access): set REMAX_BENCH_REMAX_CHECKOUT to a checkout
-of liziniu/ReMax at 536ba49 to run them. The dschat-cpu-test environment (real DeepSpeed, DS_BUILD_OPS=0) is
+of liziniu/ReMax at 536ba49 to run them. The dschat-cpu environment (real DeepSpeed, DS_BUILD_OPS=0) is
 built once per machine by harness.envs.ensure_env.
 """
 
@@ -116,6 +116,30 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     assert "--reward-url" not in argv and "serve-reward" not in (d / "launch.sh").read_text()
 
 
+def cpu_config(**remax):
+    """The small profile on launch.device cpu, as the cpu-frameworks profile runs DeepSpeed-Chat."""
+    config = small_a100x8(**remax)
+    config["launch"] = {"device": "cpu", "gpus_per_node": 0, "timeout_min": 10}
+    config["dschat"] = {"bf16": False}
+    return config
+
+
+def test_a_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(tmp_path, inputs):
+    proc = plan_with(tmp_path, inputs, cpu_config())
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert p["env"] == "dschat-cpu" and p["device"] == "cpu" and p["n_gpus"] == 0
+    assert p["framework_version"] == "ReMax@536ba49+deepspeed-0.19.8"
+    assert p["argv"][0].endswith(".venvs/dschat-cpu/bin/deepspeed") and flag(p["argv"], "--num_gpus") == "1"
+    args = dschat.main_args(p["argv"])
+    assert flag(args, "--per_device_generation_batch_size") == "16" and "--actor_bf16" in args
+    assert p["env_vars"]["DS_ACCELERATOR"] == "cpu"
+    assert 'DS_ACCELERATOR=cpu' in (tmp_path / "plan" / "launch.sh").read_text()
+    devs = {d["key"]: d for d in p["deviations"]}
+    assert {"device", "generation", "optimizer", "dschat.bf16"} <= set(devs)
+    assert all(devs[k]["cause"] for k in ("device", "generation", "optimizer", "dschat.bf16"))
+
+
 def test_plan_with_a_reward_url_records_the_rule_as_served(tmp_path, inputs):
     config = small_a100x8()
     config["dschat"] = {"reward_url": "http://127.0.0.1:18643"}
@@ -183,11 +207,9 @@ def test_launch_refuses_a_checkout_that_is_not_the_pinned_commit(tmp_path, input
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"remax": {"train_batch_size": 128}}, r"7 batches per epoch .* division by zero"),
     ({"remax": {"rollout_n": 4}}, r"remax.rollout_n: 4; DeepSpeed-Chat's ReMax samples one response per prompt"),
     ({"remax": {"train_batch_size": 12}}, r"12 prompts do not divide over 8 GPUs"),
-    ({"launch": {"gpus_per_node": 0}}, r"launch.gpus_per_node: 0; DeepSpeed-Chat's main.py runs on CUDA"),
-    ({"remax": {"steps": 60}}, r"remax.steps: 60 steps, but one epoch has only 50 batches"),
+    ({"launch": {"gpus_per_node": 0}}, r"launch.gpus_per_node: 0; DeepSpeed-Chat needs GPUs unless launch.device is cpu"),
     ({"dschat": {"data_split": "0,1,9"}}, r"evaluation_by_ppl fails on an empty loader"),
 ])
 def test_plan_refuses_settings_the_code_breaks_on(tmp_path, inputs, change, message):
@@ -199,9 +221,22 @@ def test_plan_refuses_settings_the_code_breaks_on(tmp_path, inputs, change, mess
     assert not (tmp_path / "plan").exists()
 
 
+@pytest.mark.parametrize("remax, passes", [
+    ({"steps": 60}, 2),  # 50 step-3 batches in one pass over 2,000 prompts: the steps need two
+    ({"train_batch_size": 128}, 4),  # 6.25 batches a pass (7 rounded up); main.py divides by zero below 20
+])
+def test_the_training_split_is_repeated_until_one_epoch_holds_the_steps(tmp_path, inputs, remax, passes):
+    assert plan_with(tmp_path, inputs, small_a100x8(**remax)).returncode == 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    train = (tmp_path / "plan" / "data" / "train.json").read_text().splitlines()
+    assert len(train) == passes * 2000 and train[:2000] == train[2000:4000]
+    assert plan["batches_per_epoch"] >= max(plan["hyperparameters"][0]["effective"], dschat.MIN_BATCHES)
+    assert f"exported {passes} time(s)" in plan["hyperparameters"][0]["framework_key"]
+
+
 def test_plan_refusal_exits_2_from_the_cli(tmp_path, inputs):
-    proc = plan_with(tmp_path, inputs, small_a100x8(train_batch_size=128))
-    assert proc.returncode == 2 and "division by zero" in proc.stderr
+    proc = plan_with(tmp_path, inputs, small_a100x8(rollout_n=4))
+    assert proc.returncode == 2 and "samples one response per prompt" in proc.stderr
     assert not (tmp_path / "plan").exists()
 
 
@@ -303,7 +338,7 @@ def test_out_of_order_and_json_errors(tmp_path):
 @pytest.fixture(scope="session")
 def ds_python():
     try:
-        return dschat.ensure_env(dschat.TEST_ENV)
+        return dschat.ensure_env(dschat.CPU_ENV)
     except HarnessError as e:
         pytest.fail(f"building the dschat CPU test environment failed: {e}")
 
@@ -612,6 +647,27 @@ def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(d
 
 
 # ---- ReMax's own code (pinned checkout) ----------------------------------------------------------------------
+
+@needs_checkout
+def test_the_official_remax_code_trains_on_the_cpu_through_plan_launch_and_ingest(ds_python, tmp_path, inputs):
+    """main.py --algo remax itself, under the deepspeed launcher on the cpu accelerator, with the launcher's CPU layer:
+    every step's line is written and ingested, and DeepSpeed-Chat's own printed figures are kept beside them."""
+    config = cpu_config(steps=3, warmup_steps=1, rollout_n=1)
+    config["dschat"]["checkout"] = CHECKOUT
+    assert plan_with(tmp_path, inputs, config).returncode == 0
+    run = tmp_path / "run"
+    proc = run_cli("launch", tmp_path / "plan", "--config", tmp_path / "config.yaml", "--out", run,
+                   "--timeout-min", 10)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (run / dschat.STEPS_LOG).read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3] and all(x["n_gpus"] == 0 for x in lines)
+    assert all(x["n_samples"] == 16 and x["time_train_s"] > 0 and x["time_gen_greedy_s"] > 0 for x in lines)
+    df = dschat.ingest([run / dschat.STEPS_LOG, run / "console.log"])
+    assert list(df["step"]) == [1, 2, 3] and (df["throughput_tok_s"] > 0).all()
+    assert df["framework_throughput_tok_s"].notna().all()  # perf.py's printed lines, parsed from the console
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["environment"]["name"] == "dschat-cpu"
+
 
 PARSER = r"""
 import ast, json, sys

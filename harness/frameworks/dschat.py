@@ -40,7 +40,7 @@ from harness.io import atomic_path, write_json, write_text
 
 NAME = "dschat"
 ENV = "dschat"  # workflows/envs/dschat.txt: the GPU run environment
-TEST_ENV = "dschat-cpu-test"  # workflows/envs/dschat-cpu-test.txt: real DeepSpeed on the CPU, for checks
+CPU_ENV = "dschat-cpu"  # workflows/envs/dschat-cpu.txt: real DeepSpeed on the CPU, for CPU runs and checks
 REMAX_COMMIT = "536ba49cc2f9a1a76941045388a44757e2533e75"
 # The ReMax repository carries the DeepSpeed-Chat code it runs (utils/, step3's perf.py): nothing else is needed.
 REMAX_FOLDERS = ("step3_rlhf_finetuning", "utils")
@@ -63,8 +63,8 @@ def _pinned(env: str, package: str) -> str:
     raise HarnessError(f"workflows/envs/{env}.txt: no pinned {package}")
 
 
-def framework_version() -> str:
-    return f"ReMax@{REMAX_COMMIT[:7]}+deepspeed-{_pinned(ENV, 'deepspeed')}"
+def framework_version(env: str = ENV) -> str:
+    return f"ReMax@{REMAX_COMMIT[:7]}+deepspeed-{_pinned(env, 'deepspeed')}"
 
 
 def checkout_dir(config: dict | None = None) -> Path:
@@ -106,10 +106,10 @@ def _batches(rows: int, world: int, batch: int) -> int:
 def _check_settings(config: dict, n_train: int, n_eval: int) -> dict:
     """Derived settings; HarnessError for the settings DeepSpeed-Chat's ReMax cannot run or breaks on."""
     rc, launch, dc = config["remax"], config["launch"], config[NAME]
-    world = launch["gpus_per_node"] * launch["nnodes"]
-    if launch["gpus_per_node"] == 0:
-        raise HarnessError("config: at launch.gpus_per_node: 0; DeepSpeed-Chat's main.py runs on CUDA devices only "
-                           "(device = torch.device('cuda') and hard-coded .cuda() calls)")
+    world = 1 if on_cpu(config) else launch["gpus_per_node"] * launch["nnodes"]
+    if launch["gpus_per_node"] == 0 and not on_cpu(config):
+        raise HarnessError("config: at launch.gpus_per_node: 0; DeepSpeed-Chat needs GPUs unless launch.device is cpu "
+                           "(workflows/config/cpu-frameworks.yaml), where its launcher's CPU layer runs it")
     if launch["nnodes"] != 1:
         raise HarnessError(f"config: at launch.nnodes: {launch['nnodes']}; this adapter launches one node "
                            "(the deepspeed launcher needs a hostfile for more)")
@@ -120,26 +120,26 @@ def _check_settings(config: dict, n_train: int, n_eval: int) -> dict:
         raise HarnessError(f"config: at remax.train_batch_size: {rc['train_batch_size']} prompts do not divide over "
                            f"{world} GPUs (--per_device_generation_batch_size is per GPU)")
     per_device = rc["train_batch_size"] // world
-    train_phase3 = split_sizes(dc["data_split"], n_train)[2]
     eval_phase1, _, eval_phase3 = split_sizes(dc["data_split"], n_eval)
-    batches = _batches(train_phase3, world, per_device)
-    if batches < MIN_BATCHES:
-        raise HarnessError(
-            f"config: at remax.train_batch_size / task.n_train / dschat.data_split: {batches} batches per epoch "
-            f"({train_phase3} step-3 prompts of {n_train} with data_split {dc['data_split']!r}, {per_device} per GPU "
-            f"on {world} GPUs); DeepSpeed-Chat's main.py needs at least {MIN_BATCHES}: it computes "
-            "`(global_step + 1) % (len(prompt_train_dataloader) // 20)`, a division by zero below that")
-    if batches < rc["steps"]:
-        raise HarnessError(
-            f"config: at remax.steps: {rc['steps']} steps, but one epoch has only {batches} batches and the run "
-            "stops after one epoch (--enable_test_mode breaks out of the epoch loop); add prompts or lower the steps")
+    one_pass = _batches(split_sizes(dc["data_split"], n_train)[2], world, per_device)
+    if one_pass == 0:
+        raise HarnessError(f"config: at task.n_train / dschat.data_split: {n_train} training prompts leave no step-3 "
+                           f"prompt with data_split {dc['data_split']!r}")
+    # main.py runs one epoch (--enable_test_mode breaks out of the epoch loop) and needs MIN_BATCHES batches in it
+    # (`(global_step + 1) % (len(prompt_train_dataloader) // 20)` divides by zero below that): the exported training
+    # split is repeated until one epoch holds the steps, as verl runs more epochs over the same prompts.
+    passes, batches = 1, one_pass
+    while batches < max(rc["steps"], MIN_BATCHES):
+        passes += 1
+        batches = _batches(split_sizes(dc["data_split"], n_train * passes)[2], world, per_device)
     if eval_phase1 == 0 or eval_phase3 == 0:
         raise HarnessError(
             f"config: at task.n_eval / dschat.data_split: {n_eval} eval rows split {dc['data_split']!r} leave "
             f"{eval_phase1} for the perplexity evaluation and {eval_phase3} for the reward evaluation; main.py's "
             "evaluation_by_ppl fails on an empty loader (`step` is unbound), so both need at least one")
     return {"world": world, "per_device": per_device,
-            "per_device_train": min(dc["per_device_training_batch_size"], per_device), "batches": batches}
+            "per_device_train": min(dc["per_device_training_batch_size"], per_device), "batches": batches,
+            "passes": passes}
 
 
 def _actor_dir(policy: Path, dest: Path, final: Path) -> None:
@@ -183,6 +183,28 @@ def _served_at(config: dict) -> tuple[str, int | None]:
     return parts.hostname, parts.port
 
 
+def on_cpu(config: dict) -> bool:
+    return config["launch"]["device"] == "cpu"
+
+
+# How a CPU run (launch.device cpu) differs from the GPU plan: the launcher's CPU layer
+# (dschat_launcher.install_cpu_layer) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations.
+CPU_DEVIATIONS = [
+    {"key": "device", "shared": "the node's GPUs", "effective": "one process on DeepSpeed's cpu accelerator (gloo)",
+     "cause": "the ReMax code's torch.cuda.set_device, .cuda() and to_device(batch, cuda) go to the CPU "
+              "(dschat_launcher.install_cpu_layer); DeepSpeed 0.19.8 and Transformers 5 (workflows/envs/"
+              "dschat-cpu.txt), not the 0.10.3 and 4.31 of the GPU environment, which have no CPU path"},
+    {"key": "generation", "shared": "DeepSpeed's hybrid engine with its inference kernels",
+     "effective": "the hybrid engine around the model's own generate()",
+     "cause": "DeepSpeed's inference containers for a Llama policy are CUDA kernels; on the CPU the hybrid engine "
+              "builds none and generates with Transformers, as it does for a model it has no policy for"},
+    {"key": "optimizer", "shared": "FusedAdam", "effective": "torch.optim.AdamW, the same arguments",
+     "cause": "FusedAdam is a CUDA op; torch's AdamW makes the same update"},
+]
+CPU_BF16 = {"key": "dschat.bf16", "shared": False, "effective": True,
+            "cause": "DeepSpeed-Chat trains in fp16 unless --actor_bf16, and DeepSpeed's cpu accelerator has no fp16"}
+
+
 def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path, reward: dict) -> list[str]:
     rc, dc = config["remax"], config[NAME]
     main_args = [
@@ -213,7 +235,7 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         "--reference_zero_stage", str(dc["reference_zero_stage"]),
         "--enable_hybrid_engine",
         "--disable_actor_dropout",
-        *(["--actor_bf16"] if dc["bf16"] else []),
+        *(["--actor_bf16"] if dc["bf16"] or on_cpu(config) else []),
         *(["--actor_gradient_checkpointing"] if dc["gradient_checkpointing"] else []),
         *(["--offload", "--offload_reference_model"] if dc["offload"] else []),
         "--enable_test_mode", "--test_stop_step", str(rc["steps"]),
@@ -221,7 +243,7 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         "--deepspeed",
     ]
     return [
-        *env_command(ENV, config, "deepspeed"), "--num_gpus", str(config["launch"]["gpus_per_node"]),
+        *env_command(CPU_ENV if on_cpu(config) else ENV, config, "deepspeed"), "--num_gpus", str(settings["world"]),
         "--master_port", str(dc["master_port"]),
         str(LAUNCHER), "--main", f"{RUN_DIR}/ReMax/{MAIN}", "--steps-log", f"{RUN_DIR}/{STEPS_LOG}",
         "--dataset", str(dataset),
@@ -246,7 +268,7 @@ def _shell_word(arg: str) -> str:
     return '"$RUN_DIR"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
 
 
-def _launch_script(argv: list[str], checkout: Path, reward_server: str | None) -> str:
+def _launch_script(argv: list[str], checkout: Path, reward_server: str | None, env_vars: dict, env: str) -> str:
     """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
     the server after it, so the deepspeed launcher runs as a child instead of replacing the shell."""
     lines = [[_shell_word(argv[0])]]
@@ -257,7 +279,7 @@ def _launch_script(argv: list[str], checkout: Path, reward_server: str | None) -
     command = " \\\n  ".join(" ".join(words) for words in lines)
     return f"""#!/usr/bin/env bash
 # DeepSpeed-Chat / official ReMax (liziniu/ReMax {REMAX_COMMIT[:7]}), written by `remax-bench plan {NAME}`.
-# Usage: bash launch.sh RUN_DIR   (in the environment built by `remax-bench env {ENV}`)
+# Usage: bash launch.sh RUN_DIR   (in the environment built by `remax-bench env {env}`)
 set -euo pipefail
 mkdir -p "$1"
 RUN_DIR=$(cd "$1" && pwd)
@@ -273,7 +295,7 @@ fi
 ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
 ln -sfn "$PLAN_DIR/data" "$RUN_DIR/data"
 mkdir -p "$RUN_DIR/output" "$RUN_DIR/data_files"
-export HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export {" ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items())}
 {reward_server or ""}{"" if reward_server else "exec "}{command}
 """
 
@@ -322,7 +344,8 @@ def _hyperparameters(config: dict, seed: int, settings: dict) -> list[dict]:
         return {"key": key, "shared": shared, "framework_key": framework_key, "effective": effective}
 
     return [
-        h("remax.steps", rc["steps"], "--enable_test_mode --test_stop_step", rc["steps"]),
+        h("remax.steps", rc["steps"], f"--enable_test_mode --test_stop_step, in one epoch over the training split "
+          f"exported {settings['passes']} time(s)", rc["steps"]),
         h("remax.train_batch_size", rc["train_batch_size"], "--per_device_generation_batch_size x GPUs",
           settings["per_device"] * settings["world"]),
         h("remax.rollout_n", rc["rollout_n"], "(one sample per prompt, fixed)", 1),
@@ -362,28 +385,34 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         host, port = _served_at(config)
         server = reward_serving.server_block(config, inputs_dir, reward, host=host, port=port)
     argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward)
+    env = CPU_ENV if on_cpu(config) else ENV
+    env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                # torch >= 2.6 loads only weights by default; DeepSpeed-Chat caches its datasets as pickled objects
+                **({"DS_ACCELERATOR": "cpu", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"} if on_cpu(config) else {})}
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         _actor_dir(policy, tmp / "actor", actor)
-        _export_data(dataset["train"], tmp / "data" / "train.json")
+        _export_data(dataset["train"] * settings["passes"], tmp / "data" / "train.json")
         _export_data(dataset["eval"], tmp / "data" / "eval.json")
-        write_text(tmp / "launch.sh", _launch_script(argv, checkout, server))
+        write_text(tmp / "launch.sh", _launch_script(argv, checkout, server, env_vars, env))
         write_json(tmp / "plan.json", {
             "framework": NAME,
-            "framework_version": framework_version(),
+            "framework_version": framework_version(env),
             "seed": seed,
             "run_id": f"{NAME}-{config['profile']}-s{seed}",
-            "env": ENV,
+            "env": env,
+            "device": config["launch"]["device"],
             "argv": argv,
             "argv_note": f"{RUN_DIR} stands for the run directory given to launch.sh"
                          + (f", {REWARD_URL} for the reward server it starts" if server else ""),
-            "env_vars": {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            "n_gpus": settings["world"],
+            "env_vars": env_vars,
+            "n_gpus": 0 if on_cpu(config) else settings["world"],
             "inputs": inputs,
             "checkout": {"path": str(checkout), "repository": config[NAME]["repository"], "commit": REMAX_COMMIT},
             "batches_per_epoch": settings["batches"],
             "hyperparameters": _hyperparameters(config, seed, settings),
-            "deviations": _deviations(config),
+            "deviations": _deviations(config) + (CPU_DEVIATIONS if on_cpu(config) else [])
+                          + ([CPU_BF16] if on_cpu(config) and not config[NAME]["bf16"] else []),
             "reward": reward,
         })
 
@@ -607,7 +636,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     payload = {name: {"case": case, "gamma": g,
                       "scores": case.get("scores") or [sum(r) for r in case["token_scores"]]}
                for name, (case, g) in cases.items()}
-    proc = subprocess.run([str(ensure_env(TEST_ENV)), "-c", _CONFORMANCE_SCRIPT, str(checkout)],
+    proc = subprocess.run([str(ensure_env(CPU_ENV)), "-c", _CONFORMANCE_SCRIPT, str(checkout)],
                           input=json.dumps(payload), capture_output=True, text=True,
                           env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": ""})
     if proc.returncode:
@@ -633,12 +662,6 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
 
 
 # Read in the official ReMax code at REMAX_COMMIT.
-CPU_BLOCKER = ("the official ReMax step 3 places everything on CUDA (step3_rlhf_finetuning/main.py: "
-               "torch.cuda.set_device and torch.device('cuda'); remax_trainer.py gathers rewards with .cuda(); "
-               "utils/ds_utils.py sizes ZeRO by torch.cuda.device_count()), and DeepSpeed's hybrid engine builds "
-               "GPU inference kernels for a Llama policy")
-
-
 register_framework(Adapter(
     name=NAME,
     description="DeepSpeed-Chat: the official ReMax code (liziniu/ReMax 536ba49) under the deepspeed launcher, "
@@ -646,8 +669,8 @@ register_framework(Adapter(
     ingest=ingest,
     log_glob="*.log",
     plan=plan,
-    env="dschat",
-    cpu_blocker=CPU_BLOCKER,
+    env=ENV,
+    cpu_env=CPU_ENV,
     own_throughput="perf.py's Samples/sec x Total Seq. Length: the configured maximum prompt + answer length, not "
                    "the tokens generated, over its End-to-End latency (time.time() without device sync); above the "
                    "harness's figure whenever answers stop before the maximum",

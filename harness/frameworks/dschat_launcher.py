@@ -39,6 +39,7 @@ import os
 import runpy
 import sys
 import time
+import types
 import urllib.request
 from pathlib import Path
 
@@ -328,8 +329,60 @@ class SharedReward:
         return [float(r) for r in rewards]
 
 
+# What the CPU layer changes, for plan.json's deviations (harness.frameworks.dschat.CPU_DEVIATIONS says why each).
+CPU_LAYER = ("cuda device calls", "optimizer", "generation")
+
+
+def install_cpu_layer() -> None:
+    """Run the CUDA-only parts of DeepSpeed-Chat's step 3 on DeepSpeed's cpu accelerator (DS_ACCELERATOR=cpu).
+
+    The ReMax code pins a CUDA device per rank (main.py), moves tensors with .cuda() (remax_trainer.py's
+    print_all_ranks, data_utils.py's cache flag) and to_device(batch, cuda) (main.py), builds the actor's optimizer
+    as FusedAdam (a CUDA op), and DeepSpeed's hybrid engine builds CUDA inference kernels for a Llama policy. Here
+    the device is the CPU, the optimizer torch's AdamW (FusedAdam's update, same arguments), and generation the
+    model's own generate(), as the hybrid engine does for a model it has no inference policy for. Transformers 5
+    keeps `transformers.deepspeed` (which the ReMax code imports, written for 4.31) under `integrations`, and the
+    optimizer leaves out the empty parameter group that torch 2.0 tolerated and torch 2.13's scheduler does not.
+    """
+    import torch
+    import transformers.integrations.deepspeed
+    from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
+
+    sys.modules.setdefault("transformers.deepspeed", transformers.integrations.deepspeed)
+    cpu = torch.device("cpu")
+    torch.cuda.set_device = lambda device: None
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self.to(cpu)
+
+    import rlhf_engine
+    import utils.utils
+
+    to_device = utils.utils.to_device
+    utils.utils.to_device = lambda batch, device: to_device(batch, cpu)
+
+    def adamw(params, lr, betas, **kwargs):
+        # Without LoRA one of the ReMax code's parameter groups is empty; ZeRO drops it from the optimizer, and
+        # torch >= 2.6's scheduler (strict zip) then fails on the group count; torch 2.0's ignored the mismatch.
+        return torch.optim.AdamW([g for g in params if g["params"]], lr=lr, betas=betas)
+
+    rlhf_engine.FusedAdam = adamw
+
+    # save_hf_format ends with tokenizer.save_vocabulary, which a Transformers 5 fast tokenizer without a vocab
+    # file cannot do; save_pretrained writes the same tokenizer files.
+    save_hf_format = utils.utils.save_hf_format
+
+    def save_hf_format_t5(model, tokenizer, args, sub_folder=""):
+        save_hf_format(model, types.SimpleNamespace(save_vocabulary=tokenizer.save_pretrained), args, sub_folder)
+
+    utils.utils.save_hf_format = save_hf_format_t5
+    DeepSpeedHybridEngine.create_inference_containers = lambda self, module, layer_id=0: None
+
+
 def install(recorder: StepRecorder, dataset: str, reward_url: str | None, fixed_length: bool = False) -> None:
     """Patch DeepSpeed and the ReMax modules (importable from sys.path) before main.py runs."""
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        install_cpu_layer()
     import rlhf_engine
     import remax_trainer
     from utils.data import raw_datasets
