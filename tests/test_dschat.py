@@ -667,6 +667,11 @@ def test_the_official_remax_code_trains_on_the_cpu_through_plan_launch_and_inges
     assert df["framework_throughput_tok_s"].notna().all()  # perf.py's printed lines, parsed from the console
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["environment"]["name"] == "dschat-cpu"
+    # Eval greedy accuracy before and after: the launcher's greedy evaluation, made the run's eval.json by launch.
+    evaluation = json.loads((run / "eval.json").read_text())
+    assert evaluation["run_id"] == "dschat-a100x8-s1" and evaluation["split"] == "eval"
+    for point in ("before", "after"):
+        assert 0 <= evaluation[point]["greedy_accuracy"] <= 1 and 0 <= evaluation[point]["reward_mean"] <= 1
 
 
 PARSER = r"""

@@ -514,6 +514,23 @@ def _is_json_lines(path: Path) -> bool:
     return first.lstrip().startswith("{")
 
 
+def evaluation(run_dir: Path) -> dict | None:
+    """Eval greedy accuracy before and after training: the launcher's greedy evaluation of the initial and the saved
+    actor (dschat_launcher.greedy_evaluation; DeepSpeed-Chat itself evaluates sampled rewards only)."""
+    path = Path(run_dir) / dschat_launcher.EVAL_LOG
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        points = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
+                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise HarnessError(f"{path}: not the launcher's evaluation record ({e!r})") from None
+    return {"run_id": run_plan(path, NAME)["run_id"], "split": "eval",
+            "source": "greedy decoding of the initial and the saved actor by the launcher (Transformers generate)",
+            **points}
+
+
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     """The launcher's JSON lines (measured) with DeepSpeed-Chat's printed figure beside them; printed lines alone
     give estimated rows (`tokens_estimated`). Logs of one run directory belong together (same plan.json)."""
@@ -667,6 +684,7 @@ register_framework(Adapter(
     description="DeepSpeed-Chat: the official ReMax code (liziniu/ReMax 536ba49) under the deepspeed launcher, "
                 "timed and scored by the harness launcher",
     ingest=ingest,
+    evaluation=evaluation,
     log_glob="*.log",
     plan=plan,
     env=ENV,

@@ -428,13 +428,63 @@ def prepare(main_path: str) -> str:
     return main_path
 
 
+EVAL_LOG = "dschat_eval.json"  # beside the steps log: greedy accuracy on the eval split before and after training
+
+
+def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None, fixed_length: bool, out: Path,
+                      batch_size: int = 64) -> None:
+    """The reference backend's evaluation on DeepSpeed-Chat's policy, which has no greedy accuracy of its own: greedy
+    responses (max_answer_seq_len tokens at most) to the shared dataset's eval prompts from the initial actor and from
+    the one main.py saved (output_dir/actor), scored by the task's exact match and by the shared reward. Outside
+    every timed step: main.py has returned."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def flag(name):
+        return main_args[main_args.index(name) + 1]
+
+    rows = [r for r in map(json.loads, open(dataset)) if r["split"] == "eval"]
+    max_new = int(flag("--max_answer_seq_len"))
+    tokenizer = AutoTokenizer.from_pretrained(flag("--actor_model_name_or_path"))
+    tokenizer.padding_side = "left"
+    scorer = SharedReward(tokenizer, dataset, StepRecorder(None), reward_url)
+
+    def point(path: str) -> dict:
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        hits, total = 0, 0.0
+        for i in range(0, len(rows), batch_size):
+            batch = rows[i:i + batch_size]
+            enc = tokenizer([r["prompt"] for r in batch], return_tensors="pt", padding=True)
+            with torch.no_grad():
+                out_ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new,
+                                         min_new_tokens=max_new if fixed_length else None,
+                                         pad_token_id=tokenizer.pad_token_id)
+            stops = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
+            responses = out_ids[:, enc["input_ids"].shape[1]:]
+            texts = [tokenizer.decode(r[:n], skip_special_tokens=True)
+                     for r, n in zip(responses.tolist(), response_lengths(responses, stops))]
+            hits += sum(shared_reward.correct(t, r["answer"]) for t, r in zip(texts, batch))
+            total += sum(scorer._score([r["prompt"] for r in batch], texts, [r["answer"] for r in batch]))
+        return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
+
+    record = {"before": point(flag("--actor_model_name_or_path")),
+              "after": point(os.path.join(flag("--output_dir"), "actor"))}
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.rename(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     args, main_args = parse_args(sys.argv[1:] if argv is None else argv)
     main_path = prepare(args.main)
     recorder = StepRecorder(args.steps_log)
-    install(recorder, args.dataset, args.reward_url, fixed_length=args.generation_length == "fixed")
+    fixed_length = args.generation_length == "fixed"
+    install(recorder, args.dataset, args.reward_url, fixed_length=fixed_length)
     sys.argv = [main_path] + main_args
     runpy.run_path(main_path, run_name="__main__")
+    if _rank() == 0:
+        greedy_evaluation(main_args, args.dataset, args.reward_url, fixed_length,
+                          Path(args.steps_log).with_name(EVAL_LOG))
 
 
 if __name__ == "__main__":
