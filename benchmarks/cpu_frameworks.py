@@ -1,4 +1,5 @@
-"""Benchmark: the cpu-frameworks profile's results against its targets, and what verl's runs cost around their steps.
+"""Benchmark: the cpu-frameworks profile's results against its targets, and what verl's and DeepSpeed-Chat's runs cost
+around their steps.
 
     time snakemake --cores all --configfile workflows/config/cpu-frameworks.yaml   # from a clean checkout
     python benchmarks/cpu_frameworks.py [RESULTS_DIR]                               # default: results
@@ -52,6 +53,17 @@ def verl_costs(run: Path) -> dict:
             "between_steps_per_step_s": between}
 
 
+def dschat_costs(run: Path) -> dict:
+    """DeepSpeed-Chat's wall time against the launcher's step lines (rollout start to optimizer step)."""
+    steps = [json.loads(x) for x in (run / "dschat_steps.log").read_text().splitlines() if x.strip()]
+    launch = json.loads((run / "launch.json").read_text())
+    step_sum = sum(s["time_step_s"] for s in steps)
+    return {"steps": len(steps), "wall_s": launch["end"] - launch["start"], "step_sum_s": step_sum,
+            "step_median_s": float(pd.Series([s["time_step_s"] for s in steps]).median()),
+            "gen_median_s": float(pd.Series([s["time_gen_s"] for s in steps]).median()),
+            "train_median_s": float(pd.Series([s["time_train_s"] for s in steps]).median())}
+
+
 def main() -> int:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     summary = pd.read_csv(results / "summary.csv")
@@ -72,6 +84,13 @@ def main() -> int:
               f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
               f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
               f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")
+    for run in sorted((results / "runs" / "dschat").glob("seed*")):
+        c = dschat_costs(run)
+        print(f"dschat {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: the steps {c['step_sum_s']:.0f} s "
+              f"(median step {c['step_median_s']:.2f} s: generation {c['gen_median_s']:.2f} s, training "
+              f"{c['train_median_s']:.2f} s), outside them {c['wall_s'] - c['step_sum_s']:.0f} s (the deepspeed "
+              "launcher, DeepSpeed's and the models' start-up, DeepSpeed-Chat's data build and evaluations, the "
+              "launcher's greedy evaluation, saving the actor)")
     if missed:
         print(f"learning target missed (gain >= {TARGET_GAIN} and eval accuracy rising): {', '.join(missed)}")
         return 1

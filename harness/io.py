@@ -54,6 +54,17 @@ def read_json_object(path: str | os.PathLike, what: str, missing_hint: str = "")
     return data
 
 
+def read_jsonl(path: str | os.PathLike, bad_line: str = "not valid JSON") -> Iterator[tuple[int, object]]:
+    """(line number, value) of each line of a JSON-lines file; a line that is not JSON stops it, naming the file and
+    the line (`bad_line` says what the line should have been). The caller checks each value's shape."""
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{path}:{lineno}: {bad_line} ({e.msg})") from None
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

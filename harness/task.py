@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import write_text
+from harness.io import read_jsonl, write_text
 
 FIELDS = ("id", "prompt", "answer", "split")
 
@@ -69,15 +69,10 @@ def _records(path: Path) -> list[dict]:
 
         return pq.read_table(path).to_pylist()
     records = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
-            records.append(record)
+    for lineno, record in read_jsonl(path):
+        if not isinstance(record, dict):
+            raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
+        records.append(record)
     return records
 
 
@@ -188,17 +183,12 @@ def write_dataset(task: dict, dest: str | Path) -> None:
 def read_dataset(path: str | Path) -> dict[str, list[dict]]:
     """Rows by split; every line must be a JSON object with exactly the canonical fields."""
     splits: dict[str, list[dict]] = {"train": [], "eval": []}
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or set(row) != set(FIELDS):
-                raise HarnessError(f"{path}:{lineno}: expected an object with fields {', '.join(FIELDS)}")
-            if row["split"] not in splits:
-                raise HarnessError(f"{path}:{lineno}: unknown split {row['split']!r} (expected train or eval)")
-            splits[row["split"]].append(row)
+    for lineno, row in read_jsonl(path):
+        if not isinstance(row, dict) or set(row) != set(FIELDS):
+            raise HarnessError(f"{path}:{lineno}: expected an object with fields {', '.join(FIELDS)}")
+        if row["split"] not in splits:
+            raise HarnessError(f"{path}:{lineno}: unknown split {row['split']!r} (expected train or eval)")
+        splits[row["split"]].append(row)
     for name, rows in splits.items():
         if not rows:
             raise HarnessError(f"{path}: the {name} split is empty")

@@ -204,18 +204,22 @@ def test_a_hub_task_needs_a_name():
         validate_config({"task": {"kind": "hub"}})
 
 
+def micro_pipeline_with(tmp_path, overrides: str):
+    """`snakemake --cores 2` of the micro profile with these config lines over it; its results and frozen rows."""
+    (tmp_path / "overrides.yaml").write_text(overrides + "tokenizer: {vocab_size: 128}\n"
+                                             "remax: {max_prompt_length: 128, max_response_length: 12}\n")
+    proc = snakemake(tmp_path, "--cores", "2", "--configfile", REPO / "workflows" / "config" / "micro.yaml",
+                     tmp_path / "overrides.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = tmp_path / "results"
+    return results, [json.loads(line) for line in (results / "inputs" / "dataset.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.e2e
 def test_a_gsm8k_file_runs_end_to_end_through_the_reference_backend(tmp_path):
     shutil.copy(DATA / "gsm8k-sample.jsonl", tmp_path / "gsm8k.jsonl")
-    overrides = tmp_path / "gsm8k.yaml"
-    overrides.write_text(
-        "task: {kind: file, path: gsm8k.jsonl, prompt_key: question, split_key: split}\n"
-        "tokenizer: {vocab_size: 128}\n"
-        "remax: {max_prompt_length: 128, max_response_length: 12}\n")
-    proc = snakemake(tmp_path, "--cores", "2", "--configfile", REPO / "workflows" / "config" / "micro.yaml", overrides)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = tmp_path / "results"
-    frozen_rows = [json.loads(line) for line in (results / "inputs" / "dataset.jsonl").read_text().splitlines()]
+    results, frozen_rows = micro_pipeline_with(
+        tmp_path, "task: {kind: file, path: gsm8k.jsonl, prompt_key: question, split_key: split}\n")
     assert len(frozen_rows) == 36 and frozen_rows[0]["answer"].endswith("#### 26")
     manifest = json.loads((results / "runs" / "reference" / "seed1" / "manifest.json").read_text())
     recorded = (results / "inputs" / "dataset.jsonl.sha256").read_text().split()[0]
@@ -231,17 +235,9 @@ def test_chat_prompts_run_end_to_end_scored_by_a_reward_model(tmp_path):
     shutil.copy(DATA / "chat-sample.jsonl", tmp_path / "chat.jsonl")
     records = [json.loads(line) for line in (DATA / "chat-sample.jsonl").read_text().splitlines()]
     save_reward_model(tmp_path / "rm", [r["messages"][0]["content"] for r in records], max_positions=512)
-    overrides = tmp_path / "chat.yaml"
-    overrides.write_text(
-        "task: {kind: file, path: chat.jsonl, prompt_key: messages, answer_key: null, id_key: id, "
-        "eval_fraction: 0.25}\n"
-        f"reward: {{kind: model, path: {tmp_path / 'rm'}, device: cpu}}\n"
-        "tokenizer: {vocab_size: 128}\n"
-        "remax: {max_prompt_length: 128, max_response_length: 12}\n")
-    proc = snakemake(tmp_path, "--cores", "2", "--configfile", REPO / "workflows" / "config" / "micro.yaml", overrides)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = tmp_path / "results"
-    frozen_rows = [json.loads(line) for line in (results / "inputs" / "dataset.jsonl").read_text().splitlines()]
+    results, frozen_rows = micro_pipeline_with(
+        tmp_path, "task: {kind: file, path: chat.jsonl, prompt_key: messages, answer_key: null, id_key: id, "
+        "eval_fraction: 0.25}\n" f"reward: {{kind: model, path: {tmp_path / 'rm'}, device: cpu}}\n")
     assert {r["answer"] for r in frozen_rows} == {""} and len(frozen_rows) == 24
     manifest = json.loads((results / "runs" / "reference" / "seed1" / "manifest.json").read_text())
     assert manifest["inputs"]["reward"]["kind"] == "model"

@@ -8,7 +8,6 @@ seconds before its first line of work.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -16,6 +15,7 @@ import pandas as pd
 
 from harness import HarnessError, metrics
 from harness.frameworks import Adapter, register_framework
+from harness.io import read_jsonl
 
 NAME = "reference"
 STEP_LOG = "steps.jsonl"
@@ -31,17 +31,12 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     rows = []
     for path in logs:
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise HarnessError(f"{path}:{lineno}: not a JSON step record ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
-                if n_gpus is not None:
-                    row["n_gpus"] = n_gpus
-                rows.append(row)
+        for lineno, row in read_jsonl(path, "not a JSON step record"):
+            if not isinstance(row, dict):
+                raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
+            if n_gpus is not None:
+                row["n_gpus"] = n_gpus
+            rows.append(row)
     return metrics.to_frame(rows, ", ".join(map(str, logs)))
 
 
