@@ -109,6 +109,33 @@ def test_every_planned_run_is_listed_and_a_corrupt_metrics_file_fails_only_its_r
     assert table.loc[FAST, "seeds"] == 2 and table.loc[SLOW, "seeds"] == 3
 
 
+def test_a_run_that_never_started_says_which_stage_kept_it_back(tmp_path, frameworks):
+    """The pipeline keeps going past a failed job; the runs waiting for it are "not run", with that job's last line:
+    DeepSpeed-Chat's checkout where GitHub cannot be reached, a plan the adapter refused."""
+    results = tmp_path / "results"
+    config = validate_config({"frameworks": [FAST, "verl", "dschat"], "seeds": [1], "profile": "synthetic",
+                              "remax": {"steps": 20, "warmup_steps": 2}, "launch": {"device": "cpu"},
+                              "dschat": {"checkout": str(tmp_path / "src" / "ReMax")}})
+    write_json(results / "config.json", config)
+    synthetic.write_run(results, FAST, 1, steps=20, step_s=0.5, final_reward=0.5)
+    logs = results / "logs"
+    (logs / "setup").mkdir(parents=True)
+    (logs / "setup" / "dschat_checkout.log").write_text(
+        "fatal: unable to access 'https://github.com/liziniu/ReMax.git/': Could not resolve host: github.com\n")
+    (logs / "plan").mkdir()
+    (logs / "plan" / "verl_seed1.log").write_text(
+        "remax-bench plan: error: config: at verl.micro_batch_size_per_gpu: 3 does not divide the 128 rows\n")
+    render(results, results / "report")
+    runs = pd.read_csv(results / "report" / "runs.csv").set_index("framework")
+    assert runs.loc[FAST, "status"] == "ok"
+    assert runs.loc["dschat", "status"] == "not run"
+    assert runs.loc["dschat", "reason"].startswith("its pinned source checkout could not be made: fatal: unable to "
+                                                   "access 'https://github.com/liziniu/ReMax.git/'")
+    assert runs.loc["verl", "status"] == "not run"
+    assert runs.loc["verl", "reason"].startswith("its plan was refused: remax-bench plan: error: config: at "
+                                                 "verl.micro_batch_size_per_gpu")
+
+
 def test_runs_without_metrics_get_the_status_their_traces_show(tmp_path, frameworks):
     results = tmp_path / "results"
     three_frameworks(results, seeds=(1,))
