@@ -79,6 +79,7 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     assert p["framework_version"] == "ReMax@536ba49+deepspeed-0.10.3"
     argv = p["argv"]
     assert argv[0].endswith(".venvs/dschat/bin/deepspeed") and flag(argv, "--num_gpus") == "8"
+    assert flag(argv, "--greedy-eval") == "off"  # a 7B policy's eval split decoded by Transformers: hours
     assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat_launcher.py")
     assert flag(argv, "--main") == "$RUN_DIR/ReMax/step3_rlhf_finetuning/main.py"
     args = dschat.main_args(argv)
@@ -133,7 +134,7 @@ def test_a_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(tmp_path
     assert p["argv"][0].endswith(".venvs/dschat-cpu/bin/deepspeed") and flag(p["argv"], "--num_gpus") == "1"
     args = dschat.main_args(p["argv"])
     assert flag(args, "--per_device_generation_batch_size") == "16" and "--actor_bf16" in args
-    assert p["env_vars"]["DS_ACCELERATOR"] == "cpu"
+    assert p["env_vars"]["DS_ACCELERATOR"] == "cpu" and flag(p["argv"], "--greedy-eval") == "on"
     assert 'DS_ACCELERATOR=cpu' in (tmp_path / "plan" / "launch.sh").read_text()
     devs = {d["key"]: d for d in p["deviations"]}
     assert {"device", "generation", "optimizer", "dschat.bf16"} <= set(devs)

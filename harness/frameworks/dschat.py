@@ -249,6 +249,9 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         "--dataset", str(dataset),
         *(["--reward-url", _reward_url(config, reward)] if _reward_url(config, reward) else []),
         "--generation-length", config["remax"]["generation_length"],
+        # The launcher's greedy eval decodes the whole eval split with Transformers in one process: cheap for the
+        # CPU profile's small policy, hours for a 7B policy on a GPU node, where DeepSpeed-Chat reports none.
+        "--greedy-eval", "on" if on_cpu(config) else "off",
         *main_args,
     ]
 

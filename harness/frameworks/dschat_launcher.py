@@ -3,7 +3,7 @@
 Started by the `deepspeed` launcher in the dschat environment, once per rank, as a script:
 
     deepspeed --num_gpus N dschat_launcher.py --main MAIN.py --steps-log LOG --dataset DATASET.jsonl
-        [--reward-url URL] [--generation-length natural|fixed] MAIN.py's own arguments...
+        [--reward-url URL] [--generation-length natural|fixed] [--greedy-eval on|off] MAIN.py's own arguments...
 
 (every argument that is not the launcher's, and the `--local_rank=R` that the `deepspeed` launcher inserts, goes to
 main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a script, not a
@@ -401,7 +401,8 @@ def install(recorder: StepRecorder, dataset: str, reward_url: str | None, fixed_
         None if sample["chosen"] is None else sample["prompt"] + sample["chosen"])
 
 
-LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url", "--generation-length")  # one value each
+LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url", "--generation-length",
+                    "--greedy-eval")  # one value each
 
 
 def parse_args(argv: list[str]):
@@ -413,6 +414,8 @@ def parse_args(argv: list[str]):
     p.add_argument("--reward-url", default=None, help="shared reward server; default: harness.reward.score here")
     p.add_argument("--generation-length", choices=("natural", "fixed"), default="natural",
                    help="remax.generation_length: fixed holds every response to --max_answer_seq_len tokens")
+    p.add_argument("--greedy-eval", choices=("on", "off"), default="off",
+                   help="after main.py, greedy accuracy of the initial and the saved actor on the eval split")
     return p.parse_known_args(argv)
 
 
@@ -482,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     install(recorder, args.dataset, args.reward_url, fixed_length=fixed_length)
     sys.argv = [main_path] + main_args
     runpy.run_path(main_path, run_name="__main__")
-    if _rank() == 0:
+    if args.greedy_eval == "on" and _rank() == 0:
         greedy_evaluation(main_args, args.dataset, args.reward_url, fixed_length,
                           Path(args.steps_log).with_name(EVAL_LOG))
 
