@@ -87,12 +87,12 @@ def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]):
         try:
             by_id[json.loads((d / "manifest.json").read_text())["run_id"]] = d
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
-            continue  # run_peak names the missing or broken manifest for the run it belongs to
+            continue  # an unreadable manifest names no run: that run's MFU stays empty, saying so below
 
     def efficiency(metrics: pd.DataFrame) -> dict:
         run_id, n_gpus = metrics["run_id"].iloc[0], int(metrics["n_gpus"].iloc[0] or 0)
         peak, source = (run_peak(by_id[run_id], n_gpus) if run_id in by_id
-                        else (None, "no peak: its run directory was not given"))
+                        else (None, "no peak: no run directory given holds a readable manifest.json of this run"))
         return {"shape": shape, "prompts": config["remax"]["train_batch_size"],
                 "samples_per_prompt": config["remax"]["rollout_n"], "peak_flops": peak if shape else None,
                 "peak_source": unknown or source}

@@ -66,16 +66,21 @@ def get_adapter(name: str) -> Adapter:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
 
 
+def on_cpu(config: dict) -> bool:
+    """Whether this config runs real frameworks on the CPU (launch.device cpu)."""
+    return config["launch"]["device"] == "cpu"
+
+
 def environment(adapter: Adapter, config: dict) -> str | None:
     """The pinned environment a run of this adapter uses under this config (None: embedded, the harness's own)."""
-    return adapter.cpu_env if config["launch"]["device"] == "cpu" else adapter.env
+    return adapter.cpu_env if on_cpu(config) else adapter.env
 
 
 def not_runnable(adapter: Adapter, config: dict) -> str | None:
     """Why this config's machines cannot run the framework at all; None when they can."""
     if adapter.run is not None:
         return None
-    if config["launch"]["device"] == "cpu":
+    if on_cpu(config):
         return None if adapter.cpu_env else f"cannot run on a CPU: {adapter.cpu_blocker}"
     if config["launch"]["gpus_per_node"] == 0:
         return "needs GPUs (launch.gpus_per_node is 0 in this profile)"

@@ -34,7 +34,8 @@ import pandas as pd
 
 from harness import HarnessError, metrics
 from harness.envs import REPO, env_command, ensure_env
-from harness.frameworks import IDENTITY, Adapter, dschat_launcher, register_framework, reward_serving, run_plan
+from harness.frameworks import (IDENTITY, Adapter, dschat_launcher, environment, get_adapter, on_cpu,
+                                register_framework, reward_serving, run_plan)
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -183,10 +184,6 @@ def _served_at(config: dict) -> tuple[str, int | None]:
     return parts.hostname, parts.port
 
 
-def on_cpu(config: dict) -> bool:
-    return config["launch"]["device"] == "cpu"
-
-
 # How a CPU run (launch.device cpu) differs from the GPU plan: the launcher's CPU layer
 # (dschat_launcher.install_cpu_layer) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations.
 CPU_DEVIATIONS = [
@@ -205,7 +202,8 @@ CPU_BF16 = {"key": "dschat.bf16", "shared": False, "effective": True,
             "cause": "DeepSpeed-Chat trains in fp16 unless --actor_bf16, and DeepSpeed's cpu accelerator has no fp16"}
 
 
-def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path, reward: dict) -> list[str]:
+def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path, reward: dict,
+               env: str) -> list[str]:
     rc, dc = config["remax"], config[NAME]
     main_args = [
         "--algo", "remax",
@@ -243,7 +241,7 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
         "--deepspeed",
     ]
     return [
-        *env_command(CPU_ENV if on_cpu(config) else ENV, config, "deepspeed"), "--num_gpus", str(settings["world"]),
+        *env_command(env, config, "deepspeed"), "--num_gpus", str(settings["world"]),
         "--master_port", str(dc["master_port"]),
         str(LAUNCHER), "--main", f"{RUN_DIR}/ReMax/{MAIN}", "--steps-log", f"{RUN_DIR}/{STEPS_LOG}",
         "--dataset", str(dataset),
@@ -387,8 +385,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     if inputs["reward"]["kind"] == "model":
         host, port = _served_at(config)
         server = reward_serving.server_block(config, inputs_dir, reward, host=host, port=port)
-    argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward)
-    env = CPU_ENV if on_cpu(config) else ENV
+    env = environment(get_adapter(NAME), config)
+    argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward, env)
     env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 # torch >= 2.6 loads only weights by default; DeepSpeed-Chat caches its datasets as pickled objects
                 **({"DS_ACCELERATOR": "cpu", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"} if on_cpu(config) else {})}

@@ -329,10 +329,6 @@ class SharedReward:
         return [float(r) for r in rewards]
 
 
-# What the CPU layer changes, for plan.json's deviations (harness.frameworks.dschat.CPU_DEVIATIONS says why each).
-CPU_LAYER = ("cuda device calls", "optimizer", "generation")
-
-
 def install_cpu_layer() -> None:
     """Run the CUDA-only parts of DeepSpeed-Chat's step 3 on DeepSpeed's cpu accelerator (DS_ACCELERATOR=cpu).
 
@@ -455,6 +451,7 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
     def point(path: str) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
         hits, total = 0, 0.0
+        stops = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
         for i in range(0, len(rows), batch_size):
             batch = rows[i:i + batch_size]
             enc = tokenizer([r["prompt"] for r in batch], return_tensors="pt", padding=True)
@@ -462,7 +459,6 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
                 out_ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new,
                                          min_new_tokens=max_new if fixed_length else None,
                                          pad_token_id=tokenizer.pad_token_id)
-            stops = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
             responses = out_ids[:, enc["input_ids"].shape[1]:]
             texts = [tokenizer.decode(r[:n], skip_special_tokens=True)
                      for r, n in zip(responses.tolist(), response_lengths(responses, stops))]

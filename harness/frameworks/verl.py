@@ -49,7 +49,8 @@ import pandas as pd
 
 from harness import HarnessError, metrics, task
 from harness.envs import REPO, env_check, env_command, ensure_env
-from harness.frameworks import IDENTITY, VLLM_HEAD_DIMS, Adapter, register_framework, reward_serving, run_plan
+from harness.frameworks import (IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, reward_serving,
+                                run_plan)
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -270,10 +271,6 @@ def _policy_head_dim(policy_dir: str | Path) -> int | None:
     if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
         return cfg["hidden_size"] // cfg["num_attention_heads"]
     return None
-
-
-def on_cpu(config: dict) -> bool:
-    return config["launch"]["device"] == "cpu"
 
 
 def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, list[dict]]:
