@@ -137,7 +137,7 @@ def test_a_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(tmp_path
     assert p["env_vars"]["DS_ACCELERATOR"] == "cpu" and flag(p["argv"], "--greedy-eval") == "on"
     assert 'DS_ACCELERATOR=cpu' in (tmp_path / "plan" / "launch.sh").read_text()
     devs = {d["key"]: d for d in p["deviations"]}
-    assert {"device", "generation", "optimizer", "dschat.bf16"} <= set(devs)
+    assert {"device", "generation", "optimizer", "dschat.bf16", "rollout.short_responses"} <= set(devs)
     assert all(devs[k]["cause"] for k in ("device", "generation", "optimizer", "dschat.bf16"))
 
 
@@ -204,6 +204,28 @@ def test_launch_refuses_a_checkout_that_is_not_the_pinned_commit(tmp_path, input
     run.mkdir()
     proc = subprocess.run(["bash", tmp_path / "plan" / "launch.sh", run], capture_output=True, text=True)
     assert proc.returncode == 2 and "not the pinned ReMax checkout" in proc.stderr
+    assert not (run / "ReMax").exists()
+
+
+@needs_checkout
+def test_an_edited_checkout_at_the_pinned_commit_is_refused(tmp_path, inputs):
+    """The fault this guards against: disabling one line of remax_trainer.py (as docs/frameworks-on-cpu.md did to
+    find why DeepSpeed-Chat stops learning) leaves HEAD at the pinned commit."""
+    copy = tmp_path / "ReMax"
+    subprocess.run(["git", "clone", "-q", CHECKOUT, copy], check=True)
+    subprocess.run(["git", "-C", copy, "checkout", "-q", dschat.REMAX_COMMIT], check=True)
+    dschat.require_checkout(copy)
+    trainer = copy / "step3_rlhf_finetuning" / "remax_trainer.py"
+    trainer.write_text(trainer.read_text().replace("if valid_ans_len[i] <= 1:", "if False:"))
+    with pytest.raises(HarnessError, match=r"has local changes \(M step3_rlhf_finetuning/remax_trainer.py\)"):
+        dschat.require_checkout(copy)
+    config = small_a100x8()
+    config["dschat"] = {"checkout": str(copy)}
+    assert plan_with(tmp_path, inputs, config).returncode == 0
+    run = tmp_path / "run"
+    proc = subprocess.run(["bash", tmp_path / "plan" / "launch.sh", run], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "has local changes (git status:  M step3_rlhf_finetuning/remax_trainer.py)" in proc.stderr
     assert not (run / "ReMax").exists()
 
 
@@ -708,6 +730,39 @@ def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
     assert args["lr_scheduler_type"] == "constant" and args["deepspeed"]
     bad = parse(dschat.main_args(argv) + ["--not_a_flag_of_main_py", "1"])
     assert bad.returncode != 0 and "unrecognized arguments: --not_a_flag_of_main_py" in bad.stderr
+
+
+SHORT_RESPONSES = r"""
+import json, sys, types, torch
+sys.path[:0] = [sys.argv[1] + "/step3_rlhf_finetuning", sys.argv[1]]
+import remax_trainer
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[2])
+tok.pad_token = tok.eos_token  # as DeepSpeed-Chat's get_tokenizer does
+eos, digit = tok.eos_token_id, tok.convert_tokens_to_ids("1")
+prompt = torch.tensor([tok("12>")["input_ids"]] * 3)
+drawn = torch.cat([prompt, torch.tensor([[eos, eos, eos], [digit, eos, eos], [digit, digit, eos]])], 1)
+trainer = remax_trainer.DeepSpeedReMaxTrainer.__new__(remax_trainer.DeepSpeedReMaxTrainer)
+trainer.tokenizer, trainer.max_answer_seq_len = tok, 3
+# generate() is the one part stubbed: it returns the drawn responses, and the official code does the rest.
+actor = types.SimpleNamespace(module=types.SimpleNamespace(generate=lambda *a, **k: drawn.clone()))
+out = trainer._generate_sequence(actor, prompt, torch.ones_like(prompt), 0)
+print(json.dumps({"responses": out[:, prompt.shape[1]:].tolist(), "space": tok.encode(" ")[-1], "eos": eos,
+                  "digit": digit}))
+"""
+
+
+@needs_checkout
+def test_short_responses_are_rewritten_before_scoring_and_training(ds_python, task_files):
+    """What the rollout.short_responses deviation states, from remax_trainer.py itself: a response of at most one
+    non-pad token (an EOS drawn first, or one digit) has its first token replaced by encode(' ')[-1]."""
+    proc = subprocess.run([ds_python, "-c", SHORT_RESPONSES, CHECKOUT, task_files / "tokenizer"],
+                          capture_output=True, text=True, env=ds_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    space, eos, digit = got["space"], got["eos"], got["digit"]
+    assert got["responses"] == [[space, eos, eos], [space, eos, eos], [digit, digit, eos]]
+    assert space not in (eos, digit)
 
 
 @needs_checkout

@@ -82,7 +82,17 @@ def require_checkout(path: Path) -> Path:
     head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     if head != REMAX_COMMIT:
         raise HarnessError(f"{path}: checkout is at {head or 'no git commit'}, not the pinned {REMAX_COMMIT}")
+    edited = _local_changes(path)
+    if edited:
+        raise HarnessError(f"{path}: the pinned ReMax checkout has local changes ({edited}); it is no longer the "
+                           "official code")
     return path
+
+
+def _local_changes(path: Path) -> str:
+    """Tracked files changed in the checkout (git status --porcelain), '' when it is clean."""
+    return subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                          capture_output=True, text=True).stdout.strip().replace("\n", "; ")
 
 
 # ---- plan ----------------------------------------------------------------------------------------------------
@@ -292,6 +302,13 @@ if [ "$HEAD" != {REMAX_COMMIT} ]; then
     "make it with workflows/rules/setup.smk" >&2
   exit 2
 fi
+# A locally edited checkout would run as the official code under the pinned commit's name.
+EDITED=$(git -C "$CHECKOUT" status --porcelain --untracked-files=no 2>&1 || true)
+if [ -n "$EDITED" ]; then
+  echo "$CHECKOUT: the pinned ReMax checkout has local changes (git status: $EDITED); it is no longer the" \
+    "official code" >&2
+  exit 2
+fi
 # DeepSpeed-Chat reads local/jsonfile data from data/ beside the checkout (utils/data/data_utils.py).
 ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
 ln -sfn "$PLAN_DIR/data" "$RUN_DIR/data"
@@ -320,6 +337,13 @@ def _deviations(config: dict) -> list[dict]:
                   "policy sees the shared prompt's tokens"},
         {"key": "optimizer", "shared": "AdamW", "effective": "AdamW betas (0.9, 0.95), weight decay 0 (FusedAdam)",
          "cause": "betas hard-coded in rlhf_engine.py _init_actor"},
+        {"key": "rollout.short_responses", "shared": "scored and trained as sampled",
+         "effective": "first token replaced by the tokenizer's encode(' ')[-1]",
+         "cause": "remax_trainer.py _generate_sequence rewrites every sampled and greedy response with at most one "
+                  "non-pad token before it is scored and trained, so an EOS drawn first is never penalized: with "
+                  "ReMax's mostly negative advantages its probability only grows. On the cpu-frameworks profile "
+                  "(p(EOS first) 0.7% after the short SFT) this ends learning within 40-70 steps; the same run "
+                  "with that one line disabled gains as the reference does (docs/frameworks-on-cpu.md)"},
     ]
     if rc["temperature"] != 1.0:
         out.append({"key": "remax.temperature", "shared": rc["temperature"], "effective": 1.0,
