@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import shutil
@@ -107,8 +108,15 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     PERSISTENCE - 1 nights after a fix (`fixed_after` nights `fix_drop` slower, then back: false alarms too).
     `otava`, when a list, receives each case's nightly series (one value a night, as Otava takes it) for
     `otava_rates`: (case, throughput at the machine's speed over its level, median over seeds, first night judged)."""
-    from harness.regression import (ADJUSTED, METRICS, PERSISTENCE, PROBE, adjust_for_machine, assess,
-                                    machine_sensitivity)
+    from harness.regression import (
+        ADJUSTED,
+        METRICS,
+        PERSISTENCE,
+        PROBE,
+        adjust_for_machine,
+        assess,
+        machine_sensitivity,
+    )
 
     measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
     # As the check does: a figure with a better-controlled one beside it (raw throughput beside the one adjusted
@@ -210,8 +218,8 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
         old = [i for i, change in before if change < 0]
         return [i for i, change in after if change < 0 and all(abs(i - j) > 1 for j in old)]
 
-    for (kind, values, start), prefixes in zip(cases, json.loads(proc.stdout)):
-        alerts = [new_drops(a, b) for a, b in zip(prefixes, prefixes[1:])]  # night by night
+    for (kind, _values, _start), prefixes in zip(cases, json.loads(proc.stdout)):
+        alerts = [new_drops(a, b) for a, b in itertools.pairwise(prefixes)]  # night by night
         if kind == "clean":
             trials += 1
             counts["false_alarm"] += bool(alerts[0])
@@ -227,8 +235,18 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
 
 
 def power(args) -> int:
-    from harness.regression import (CONTENTION_MARGIN, FOREIGN_LOAD_MARGIN, METRICS, MIN_HISTORY, PERSISTENCE, PROBE,
-                                    Z_CRIT, adjust_for_machine, machine_sensitivity, noise_level)
+    from harness.regression import (
+        CONTENTION_MARGIN,
+        FOREIGN_LOAD_MARGIN,
+        METRICS,
+        MIN_HISTORY,
+        PERSISTENCE,
+        PROBE,
+        Z_CRIT,
+        adjust_for_machine,
+        machine_sensitivity,
+        noise_level,
+    )
 
     df = pd.read_csv(args.data)
     df = df[df["inject_slowdown"] == 0]

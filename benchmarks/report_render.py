@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 import synthetic  # noqa: E402
+
 from harness.frameworks import register_framework  # noqa: E402
 
 TARGET_S = 10.0

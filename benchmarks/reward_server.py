@@ -217,7 +217,7 @@ def main() -> int:
         encoded = [json.dumps({k: b[k] for k in ("query", "prompts", "labels")}).encode() for b in bodies]
         try:
             server, url = start_server(args, inputs)
-        except Exception as e:  # noqa: BLE001 - reported as the exit status 2
+        except Exception as e:
             print(e, file=sys.stderr)
             return 2
         try:

@@ -14,18 +14,18 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from harness import HarnessError  # noqa: E402
+from harness import HarnessError
 
 DEFAULT_INPUTS = "results/inputs"
 
 
-def _config(args):
+def _config(args: argparse.Namespace) -> dict:
     from harness.config import load_config
 
     return load_config(args.config)
 
 
-def cmd_freeze_config(args) -> None:
+def cmd_freeze_config(args: argparse.Namespace) -> None:
     from harness.config import validate_config
     from harness.io import write_json
 
@@ -36,14 +36,14 @@ def cmd_freeze_config(args) -> None:
     write_json(args.out, validate_config(raw, source="snakemake config"))
 
 
-def cmd_inputs(args) -> None:
+def cmd_inputs(args: argparse.Namespace) -> None:
     from harness import inputs
 
     build = {"dataset": inputs.build_dataset, "policy": inputs.build_policy, "reward": inputs.build_reward}[args.what]
     print(f"{args.what}: sha256 {build(_config(args), args.inputs)}")
 
 
-def cmd_run(args) -> None:
+def cmd_run(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
 
     adapter = get_adapter(args.framework)
@@ -53,7 +53,7 @@ def cmd_run(args) -> None:
     adapter.run(_config(args), args.seed, Path(args.out), Path(args.inputs))
 
 
-def cmd_plan(args) -> None:
+def cmd_plan(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
 
     adapter = get_adapter(args.framework)
@@ -62,13 +62,13 @@ def cmd_plan(args) -> None:
     adapter.plan(_config(args), args.seed, Path(args.out), Path(args.inputs))
 
 
-def cmd_launch(args) -> None:
+def cmd_launch(args: argparse.Namespace) -> None:
     from harness.launch import launch
 
     launch(args.plan_dir, args.out, args.timeout_min, _config(args))
 
 
-def cmd_ingest(args) -> None:
+def cmd_ingest(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
     from harness.metrics import write_metrics
 
@@ -77,14 +77,15 @@ def cmd_ingest(args) -> None:
     for log in map(Path, args.logs):
         found = sorted(log.glob(adapter.log_glob)) if log.is_dir() else [log]
         if not found or not all(p.is_file() for p in found):
-            raise HarnessError(f"{log}: no {adapter.name} log found" + (f" ({adapter.log_glob})" if log.is_dir() else ""))
+            where = f" ({adapter.log_glob})" if log.is_dir() else ""
+            raise HarnessError(f"{log}: no {adapter.name} log found{where}")
         logs += found
     df = adapter.ingest(logs, args.n_gpus)
     write_metrics(df, args.out)
     print(f"{args.out}: {len(df)} steps from {len(logs)} log(s)")
 
 
-def cmd_summarize(args) -> None:
+def cmd_summarize(args: argparse.Namespace) -> None:
     from harness.io import atomic_path
     from harness.summarize import efficiency_of, summarize
 
@@ -97,14 +98,15 @@ def cmd_summarize(args) -> None:
     print(summary.to_string(index=False))
 
 
-def cmd_conformance(args) -> None:
+def cmd_conformance(args: argparse.Namespace) -> None:
     """Each configured framework's own advantage code on the shared vectors, in one table for the report."""
     import pandas as pd
 
     from harness.frameworks import get_adapter
     from harness.io import atomic_path
 
-    tables = [get_adapter(fw).conformance() for fw in _config(args)["frameworks"] if get_adapter(fw).conformance]
+    checks = [c for fw in _config(args)["frameworks"] if (c := get_adapter(fw).conformance) is not None]
+    tables = [check() for check in checks]
     if not tables:
         raise HarnessError(f"{args.config}: no configured framework has a conformance check")
     table = pd.concat(tables, ignore_index=True)
@@ -113,7 +115,7 @@ def cmd_conformance(args) -> None:
     print(table.to_string(index=False))
 
 
-def cmd_env(args) -> None:
+def cmd_env(args: argparse.Namespace) -> None:
     from harness.envs import ensure_env
     from harness.io import write_text
 
@@ -123,7 +125,7 @@ def cmd_env(args) -> None:
         write_text(args.out, f"{python}\n")
 
 
-def cmd_image(args) -> None:
+def cmd_image(args: argparse.Namespace) -> None:
     from harness.config import validate_config
     from harness.container import build_image
 
@@ -138,7 +140,7 @@ def cmd_image(args) -> None:
     print(f"{record['sif']}: sha256 {record['sif_sha256']} (from {record['from']})")
 
 
-def cmd_serve_reward(args) -> None:
+def cmd_serve_reward(args: argparse.Namespace) -> None:
     from harness import reward_server
 
     if args.health_check:
@@ -163,7 +165,7 @@ def cmd_serve_reward(args) -> None:
                             max_pending=args.max_pending, max_batch=args.batch_size)
 
 
-def cmd_history_append(args) -> None:
+def cmd_history_append(args: argparse.Namespace) -> None:
     from harness.history import append
 
     path, rows, new = append(args.results)
@@ -176,7 +178,7 @@ def cmd_history_append(args) -> None:
                                   "runs": [r["run_id"] for r in rows], "newly_appended": new})
 
 
-def cmd_baseline_update(args) -> None:
+def cmd_baseline_update(args: argparse.Namespace) -> None:
     import shlex
 
     from harness.io import write_json
@@ -196,7 +198,7 @@ def cmd_baseline_update(args) -> None:
           + ", ".join(p["pipeline_run"] for p in base["pipeline_runs"]))
 
 
-def cmd_check(args) -> int:
+def cmd_check(args: argparse.Namespace) -> int:
     from harness.regression import check, render_markdown, write_alerts
 
     result = check(args.baseline, args.results)
@@ -205,7 +207,7 @@ def cmd_check(args) -> int:
     return 1 if result["status"] == "regression" else 0
 
 
-def cmd_preflight(args) -> int:
+def cmd_preflight(args: argparse.Namespace) -> int:
     from harness.config import load_config
     from harness.io import write_text
     from harness.preflight import preflight, render
@@ -218,7 +220,7 @@ def cmd_preflight(args) -> int:
     return 1 if any(r["status"] == "fail" for r in rows) else 0
 
 
-def cmd_report(args) -> None:
+def cmd_report(args: argparse.Namespace) -> None:
     from harness.report import render
 
     render(args.results_dir, args.out)
@@ -228,7 +230,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="remax-bench", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    def with_config(sp):
+    def with_config(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", required=True, help="config YAML/JSON (validated against the schema)")
 
     sp = sub.add_parser("freeze-config", help="validate a config given as JSON, fill defaults, write it")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import yaml
@@ -18,10 +20,11 @@ from harness import HarnessError
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
 
 
-def _with_defaults(validator_class):
+def _with_defaults(validator_class: type[Any]) -> type[Any]:
     validate_properties = validator_class.VALIDATORS["properties"]
 
-    def set_defaults(validator, properties, instance, schema):
+    def set_defaults(validator: Any, properties: dict[str, Any], instance: object,
+                     schema: dict[str, Any]) -> Iterator[jsonschema.ValidationError]:
         if isinstance(instance, dict):
             for key, sub in properties.items():
                 if "default" in sub and key not in instance:

@@ -9,6 +9,7 @@ Vectors are plain lists so they cross process boundaries as JSON.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ from harness.remax import remax_advantages, token_level_rewards
 
 # Each case: 2-3 responses with masks (1 = response token incl. EOS), the task score per response (outcome cases)
 # or per token (dense case), the greedy baseline per response, per-token KL and its coefficient.
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "outcome": {
         "description": "outcome reward on the last response token, no KL",
         "mask": [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]],

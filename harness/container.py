@@ -149,7 +149,7 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
         "setup": settings["setup"], "definition": text,
         "description_sha256": sha256_file(envs.spec_path(name)) if settings["install"] else None,
         "sif": str(out), "sif_sha256": digest, "apptainer": version.stdout.strip(),
-        "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     write_json(out.with_suffix(".json"), record)
     return record

@@ -57,7 +57,7 @@ def series_key(row: dict) -> tuple[str, str, str]:
     return row["profile"], row["hardware"], row["framework"]
 
 
-def _finite(x) -> float | None:
+def _finite(x: float) -> float | None:
     x = float(x)
     return x if math.isfinite(x) else None
 
@@ -68,10 +68,10 @@ def reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
     Enough to tell when a run first reached a reward level, and at what training time (time-to-reward).
     """
     df = metrics.sort_values("step")
-    window = max(1, int(round(len(df) * 0.1)))
+    window = max(1, round(len(df) * 0.1))
     smooth = df["reward_mean"].rolling(window, min_periods=1).mean()
     elapsed = df["time_step_s"].cumsum()
-    idx = sorted({int(round(i)) for i in [k * (len(df) - 1) / max(1, points - 1) for k in range(points)]})
+    idx = sorted({round(i) for i in [k * (len(df) - 1) / max(1, points - 1) for k in range(points)]})
     return {"step": [int(df["step"].iloc[i]) for i in idx],
             "elapsed_s": [round(float(elapsed.iloc[i]), 4) for i in idx],
             "reward": [round(float(smooth.iloc[i]), 5) for i in idx]}
@@ -137,14 +137,13 @@ def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tu
     existing = sorted(history_dir.glob(f"*-{rows[0]['pipeline_run']}.jsonl"))
     if existing:
         return existing[0], rows, False
-    appended = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    appended = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     text = "".join(json.dumps({**r, "appended": appended}, sort_keys=True, allow_nan=False) + "\n" for r in rows)
     dest = history_dir / _file_name(rows)
-    with atomic_path(dest) as tmp:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+    with atomic_path(dest) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     fd = os.open(history_dir, os.O_RDONLY)
     try:
         os.fsync(fd)  # the rename itself reaches the disk before we report success
@@ -153,7 +152,7 @@ def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tu
     return dest, rows, True
 
 
-def _check_row(row, where: str) -> dict:
+def _check_row(row: object, where: str) -> dict:
     if not isinstance(row, dict):
         raise HarnessError(f"{where}: expected a JSON object per line")
     for key, kind in REQUIRED.items():

@@ -8,8 +8,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from harness import HarnessError
 
@@ -37,7 +37,7 @@ def write_text(dest: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
-def write_json(dest: str | os.PathLike, obj) -> None:
+def write_json(dest: str | os.PathLike, obj: object) -> None:
     write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -85,7 +85,8 @@ def sha256_tree(path: str | os.PathLike) -> str:
     if not path.is_dir():
         raise HarnessError(f"{path}: input is missing")
     h = hashlib.sha256()
-    files = (p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    files = (p for p in path.rglob("*")
+             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
     for f in sorted(files):
         h.update(f"{f.relative_to(path).as_posix()}\0{sha256_file(f)}\n".encode())
     return h.hexdigest()

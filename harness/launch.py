@@ -16,8 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import HarnessError
-from harness import container
+from harness import HarnessError, container
 from harness.envs import env_command
 from harness.frameworks import get_adapter
 from harness.io import atomic_path, write_json

@@ -7,7 +7,9 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import harness
 from harness.config import config_hash
@@ -16,8 +18,8 @@ PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "pandas", "pyarrow")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def package_versions(names=PACKAGES) -> dict[str, str | None]:
-    out = {"harness": harness.__version__, "python": platform.python_version()}
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {"harness": harness.__version__, "python": platform.python_version()}
     for name in names:
         try:
             out[name] = importlib.metadata.version(name)
@@ -27,8 +29,9 @@ def package_versions(names=PACKAGES) -> dict[str, str | None]:
 
 
 def git_commit() -> dict:
-    def git(*args):
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True)
+        return proc.stdout.strip()
 
     try:
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
@@ -47,7 +50,7 @@ def cpu_model() -> str:
 
 
 def hardware() -> dict:
-    hw = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "machine": platform.machine(), "gpus": []}
+    hw: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "machine": platform.machine(), "gpus": []}
     try:
         import torch
 
@@ -72,6 +75,6 @@ def build_manifest(*, framework: str, framework_version: str, run_id: str, seed:
         "versions": package_versions(),
         "hardware": hardware(),
         "git": git_commit(),
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **(extra or {}),
     }

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from harness import HarnessError
 from harness.io import atomic_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 # Chat-format prompts (verl, OpenRLHF) render to exactly the plain prompt text, so every framework sees the same tokens.
@@ -66,7 +71,7 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_logprobs(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """log p(input_ids[:, t] | input_ids[:, :t]) for t >= 1; shape (batch, seq - 1)."""
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
@@ -74,8 +79,10 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-def encode_pairs(tokenizer, prompts: list[str], completions: list[str]):
-    """Left-padded bos+prompt+completion+eos, and a mask over the completion+eos targets (aligned with token_logprobs)."""
+def encode_pairs(tokenizer: PreTrainedTokenizerBase, prompts: list[str],
+                 completions: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded bos+prompt+completion+eos, and a mask over the completion+eos targets (aligned with
+    token_logprobs)."""
     seqs, n_prompt = [], []
     for p, c in zip(prompts, completions):
         ids_p = tokenizer(p)["input_ids"]
@@ -93,7 +100,8 @@ def encode_pairs(tokenizer, prompts: list[str], completions: list[str]):
     return input_ids, attention_mask, target_mask
 
 
-def fit(model, rows: list, *, steps: int, batch_size: int, lr: float, seed: int, loss) -> list[float]:
+def fit(model: torch.nn.Module, rows: list, *, steps: int, batch_size: int, lr: float, seed: int,
+        loss: Callable[[list], torch.Tensor]) -> list[float]:
     """AdamW over `steps` random batches of `rows`, minimising `loss(batch)`; returns the loss per step."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -108,11 +116,12 @@ def fit(model, rows: list, *, steps: int, batch_size: int, lr: float, seed: int,
     return losses
 
 
-def supervised_warm_start(model, tokenizer, train_rows: list[dict], sft: dict) -> list[float]:
+def supervised_warm_start(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train_rows: list[dict],
+                          sft: dict) -> list[float]:
     """A short SFT phase on the train split (loss on answer tokens only); returns the loss per step."""
     seed_everything(sft["seed"])
 
-    def answer_nll(batch):
+    def answer_nll(batch: list[dict]) -> torch.Tensor:
         ids, attn, target = encode_pairs(tokenizer, [r["prompt"] for r in batch], [r["answer"] for r in batch])
         return -(token_logprobs(model, ids, attn) * target).sum() / target.sum()
 
@@ -120,7 +129,7 @@ def supervised_warm_start(model, tokenizer, train_rows: list[dict], sft: dict) -
                loss=answer_nll)
 
 
-def check_prompt_lengths(tokenizer, dataset: dict[str, list[dict]], limit: int) -> None:
+def check_prompt_lengths(tokenizer: PreTrainedTokenizerBase, dataset: dict[str, list[dict]], limit: int) -> None:
     """Stop before any run when prompts are longer than remax.max_prompt_length tokens: each framework would cut or
     drop them its own way, and the runs would no longer see the same prompts."""
     long = [(r["id"], n) for rows in dataset.values() for r in rows
@@ -155,7 +164,8 @@ def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) 
     }
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
+def load_policy(path: str | Path,
+                device: str | torch.device = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Any Hugging Face causal LM (the built policy or a checkpoint given by policy.path), ready for batched
     generation: left padding, and a pad token (the EOS token where the checkpoint has none)."""
     path = Path(path)
@@ -165,5 +175,5 @@ def load_policy(path: str | Path, device: str = "cpu"):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path).to(device)
-    return model, tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path)
+    return model.to(device), tokenizer

@@ -16,11 +16,12 @@ import re
 import shutil
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
 from harness.envs import ENV_ROOT, env_python
-from harness.frameworks import environment, get_adapter, not_runnable
+from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.inputs import TOKENIZER_FILES
 
 GiB = 1024 ** 3
@@ -68,13 +69,13 @@ def _skip(check: str, found: str) -> dict:
     return {"check": check, "status": "skip", "found": found, "fix": ""}
 
 
-def _planned(config: dict) -> list:
+def _planned(config: dict) -> list[Adapter]:
     """The adapters of the frameworks this profile runs on its machines (embedded backends need no preflight)."""
     adapters = [get_adapter(fw) for fw in config["frameworks"]]
     return [a for a in adapters if a.run is None and not_runnable(a, config) is None]
 
 
-def gpu_rows(config: dict, smi=nvidia_smi) -> list[dict]:
+def gpu_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi) -> list[dict]:
     """GPU count and model against launch.*."""
     wanted, model = config["launch"]["gpus_per_node"], config["launch"]["gpu_model"]
     listing = smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
@@ -93,18 +94,20 @@ def gpu_rows(config: dict, smi=nvidia_smi) -> list[dict]:
     return rows
 
 
-def driver_cuda(smi=nvidia_smi) -> tuple[int, int] | None:
+def driver_cuda(smi: Callable[..., str | None] = nvidia_smi) -> tuple[int, int] | None:
     """The newest CUDA the driver supports, from nvidia-smi's header ("CUDA Version: 12.2")."""
     match = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", smi() or "")
     return (int(match[1]), int(match[2])) if match else None
 
 
-def environment_rows(config: dict, smi=nvidia_smi, env_root: Path = ENV_ROOT) -> list[dict]:
+def environment_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi,
+                     env_root: Path = ENV_ROOT) -> list[dict]:
     """Each planned framework's environment: built and importable, and its torch's CUDA within the driver's."""
     cuda = driver_cuda(smi)
     rows = []
     for adapter in _planned(config):
         env = environment(adapter, config)
+        assert env is not None  # planned (not embedded) frameworks run in an environment of their own
         check, python = f"environment {env}", env_python(env, env_root)
         if config["container"]["runtime"] == "apptainer":
             rows.append(_skip(check, "an image (container.runtime: apptainer): checked when it is built"))
@@ -170,7 +173,8 @@ def checkpoint_rows(config: dict, policy: Path | None, reward: Path | None) -> l
     return rows
 
 
-def disk_rows(config: dict, policy: Path | None, results: Path, free=free_bytes) -> list[dict]:
+def disk_rows(config: dict, policy: Path | None, results: Path,
+              free: Callable[[Path], int] = free_bytes) -> list[dict]:
     """Room for the full-model checkpoints the frameworks write at the end of each run."""
     weights = _weights(policy)
     savers = [a.name for a in _planned(config) if a.saves_checkpoint]
@@ -195,12 +199,13 @@ def port_rows(config: dict) -> list[dict]:
                 s.bind((host, port))
                 ok, found = True, f"{host}:{port} free"
             except OSError as e:
-                ok, found = False, f"{host}:{port} in use ({errno.errorcode.get(e.errno, e.errno)})"
+                code = errno.errorcode.get(e.errno, str(e.errno)) if e.errno is not None else str(e)
+                ok, found = False, f"{host}:{port} in use ({code})"
         rows.append(_row(f"port {key}", ok, found, f"stop what listens there (ss -ltnp | grep :{port}), or set {key}"))
     return rows
 
 
-def ray_rows(commands=process_commands) -> list[dict]:
+def ray_rows(commands: Callable[[], list[str]] = process_commands) -> list[dict]:
     """A Ray cluster left running: verl and OpenRLHF would join it, with its resources and stale workers."""
     stray = [c for c in commands() if c and Path(c.split(" ", 1)[0]).name in RAY_PROCESSES]
     return [_row("no stray Ray cluster", not stray,
@@ -215,7 +220,8 @@ def checkpoint_paths(config: dict) -> tuple[Path | None, Path | None]:
     return policy, Path(os.path.expanduser(reward)) if reward else None
 
 
-def preflight(config: dict, results: Path, *, smi=nvidia_smi, free=free_bytes, commands=process_commands,
+def preflight(config: dict, results: Path, *, smi: Callable[..., str | None] = nvidia_smi,
+              free: Callable[[Path], int] = free_bytes, commands: Callable[[], list[str]] = process_commands,
               env_root: Path = ENV_ROOT) -> list[dict]:
     """Every check's row; none stops the others."""
     policy, reward = checkpoint_paths(config)

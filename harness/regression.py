@@ -36,7 +36,9 @@ import dataclasses
 import datetime as dt
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -115,7 +117,11 @@ def machine_sensitivity(throughput: pd.DataFrame, probe: pd.DataFrame) -> tuple[
     return max(0.0, -slope), float(np.corrcoef(x, y)[0, 1]), len(x)
 
 
-def adjust_for_machine(throughput, probe, theta: float, probe_reference: float):
+# One run's figure (the check) or arrays of them (benchmarks/regression_power.py).
+_Values = TypeVar("_Values", float, np.ndarray)
+
+
+def adjust_for_machine(throughput: _Values, probe: _Values, theta: float, probe_reference: float) -> _Values:
     """Throughput as it would have been at the reference probe time (the baseline's machine speed)."""
     return throughput * (probe / probe_reference) ** theta
 
@@ -191,7 +197,8 @@ def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | N
         versions = {r["framework_version"] for r in fw_rows}
         if len(versions) > 1:
             raise HarnessError(f"{history_dir}: {fw}: the chosen runs differ in framework_version "
-                               f"({', '.join(sorted(versions))}); a baseline is one experiment: choose runs with --runs")
+                               f"({', '.join(sorted(versions))}); a baseline is one experiment: "
+                               "choose runs with --runs")
         first_config = experiment_config(fw_rows[0])
         differing = sorted({d["key"] for r in fw_rows[1:] for d in _diff(first_config, experiment_config(r))})
         if differing:
@@ -216,7 +223,7 @@ def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | N
         "schema": SCHEMA_VERSION,
         "profile": profile,
         "hardware": rows[0]["hardware"],
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "pipeline_runs": [{"pipeline_run": p, "pipeline_time": next(r["pipeline_time"] for r in rows
                                                                     if r["pipeline_run"] == p)} for p in chosen],
@@ -292,7 +299,7 @@ def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
     return float(MAD_TO_SIGMA * np.median(spread)), len(r), float(np.max(spread))
 
 
-def _series_table(rows: list[dict], metric: Metric, values) -> pd.DataFrame:
+def _series_table(rows: list[dict], metric: Metric, values: Callable[[dict], float | None]) -> pd.DataFrame:
     records = [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "seed": r["seed"],
                 "value": metric.transform(v)} for r in rows if (v := values(r)) is not None and
                (not metric.log_scale or v > 0)]
@@ -315,11 +322,11 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     tr = metric.transform
     base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
     seeds = sorted(s for s in current if s in base_ref)
-    n_history = int(len(history))
+    n_history = len(history)
     sigma, n_resid, largest = null_of(history)
     n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
     unit = "%" if metric.log_scale else ""
-    out = {"metric": metric.name, "label": metric.label, "class": metric.kind,
+    out: dict[str, Any] = {"metric": metric.name, "label": metric.label, "class": metric.kind,
            "baseline": float(np.median([v for vs in baseline.values() for v in vs])) if baseline else None,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
            "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
@@ -344,11 +351,14 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         return out
     sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
 
-    def worse_of(values):
-        per_seed = {s: sign * (tr(values[s]) - base_ref[s]) for s in seeds if values.get(s) is not None}
+    def worse_of(values: dict[int, float | None]) -> tuple[float | None, dict[int, float]]:
+        per_seed = {s: sign * (tr(v) - base_ref[s]) for s in seeds if (v := values.get(s)) is not None}
         return (float(np.median(list(per_seed.values()))) if per_seed else None), per_seed
 
     worse, per_seed = worse_of(current)
+    if worse is None:  # e.g. a metric the baseline's runs recorded and this run's producer does not
+        out.update(status="no comparison", reason=f"this run has no {metric.name} value for seeds {seeds}")
+        return out
     out["change"] = metric.change(sign * worse)
     out["evidence"]["per_seed_change"] = {str(s): round(metric.change(sign * w), 4) for s, w in per_seed.items()}
     if n_resid < MIN_HISTORY or math.isnan(sigma):
@@ -412,9 +422,13 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     return out
 
 
+def _metric_of(name: str) -> Callable[[dict], float | None]:
+    return lambda r: r["metrics"].get(name)
+
+
 def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
     target = base.get("reward_target")
-    extract = {m.name: (lambda m: lambda r: r["metrics"].get(m.name))(m) for m in METRICS}
+    extract = {m.name: _metric_of(m.name) for m in METRICS}
     extract["time_to_reward_s"] = lambda r: (r["metrics"].get("time_to_reward_s") if "curve" not in r
                                              else time_to_reward(r["curve"], target) if target is not None else None)
     # Noise from the history of the series; the baseline's own runs fill in what the history does not hold.
@@ -467,7 +481,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         rows = quiet if m.timed else series
         # The latest runs of the series before this one, most recent first (quiet ones only for timed metrics).
         recent = list(dict.fromkeys(r["pipeline_run"] for r in reversed(history) if r in rows))[:PERSISTENCE - 1]
-        baseline = {}
+        baseline: dict[int, list[float]] = {}
         for r in base["runs"]:
             v = extract[m.name](r)
             if v is not None and (not m.log_scale or v > 0):
@@ -528,7 +542,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
               else "insufficient history" if undecided else "ok")
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
-            "hardware": now["hardware"], "checked": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "hardware": now["hardware"], "checked": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "persistence": PERSISTENCE, "z_support": Z_SUPPORT,
                        "noise": "1.4826 x MAD of run residuals "
                        f"around a rolling median of {2 * NEIGHBOURS} neighbouring runs, median over seeds"},
@@ -537,7 +551,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
 
 # ---------------------------------------------------------------- rendering
 
-def _fmt(value, unit: str | None = None) -> str:
+def _fmt(value: float | None, unit: str | None = None) -> str:
     if value is None:
         return "n/a"
     if unit == "%":
@@ -568,7 +582,7 @@ def render_markdown(result: dict) -> str:
     header = ["| framework | metric | status | baseline | current | change | noise (1 sigma) | z | history runs |"
               " seeds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
 
-    def row(c):
+    def row(c: dict) -> str:
         if c.get("metric") == "*":
             return f"| {c['framework']} | * | {c['status']}: {c['reason']} | | | | | | | |"
         ev = c["evidence"]

@@ -15,21 +15,28 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-import yaml  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import yaml
 
-from harness import HarnessError  # noqa: E402
-from harness.config import validate_config  # noqa: E402
-from harness.io import atomic_path, read_json_object, write_text  # noqa: E402
-from harness.metrics import FRAMEWORK_THROUGHPUT, read_metrics  # noqa: E402
-from harness.summarize import by_framework, edge_means, efficiency_of, read_eval, summarize_run  # noqa: E402
+from harness import HarnessError
+from harness.config import validate_config
+from harness.io import atomic_path, read_json_object, write_text
+from harness.metrics import FRAMEWORK_THROUGHPUT, read_metrics
+from harness.summarize import by_framework, edge_means, efficiency_of, read_eval, summarize_run
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from harness.frameworks import Adapter
 
 CLAIMS_PATH = Path(__file__).resolve().parents[1] / "workflows" / "report" / "claims.yaml"
 # Fraction of a run's steps averaged for its final reward (harness.summarize.edge_means) and for the
@@ -53,8 +60,15 @@ class Run:
     manifest: dict | None = None
     plan: dict | None = None
 
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The per-step metrics, which every completed run has."""
+        if self.metrics is None:
+            raise HarnessError(f"{self.framework} seed {self.seed}: no metrics (status {self.status})")
+        return self.metrics
 
-def _fmt(x, digits: int = 0) -> str:
+
+def _fmt(x: float | None, digits: int = 0) -> str:
     return "n/a" if x is None or pd.isna(x) else f"{x:,.{digits}f}"
 
 
@@ -86,7 +100,7 @@ def _logs_tail(results: Path, run: Run) -> str:
     return "\n\n".join(parts)
 
 
-def _adapter(name: str):
+def _adapter(name: str) -> Adapter | None:
     from harness.frameworks import get_adapter
 
     try:
@@ -108,7 +122,7 @@ def load_config(results: Path) -> dict:
     return config
 
 
-def _without_metrics(results: Path, run: Run, adapter, config: dict) -> tuple[str, str]:
+def _without_metrics(results: Path, run: Run, adapter: Adapter | None, config: dict) -> tuple[str, str]:
     """Status and reason of a planned run that left no metrics file."""
     fw, seed = run.framework, run.seed
     metrics_path = results / "metrics" / fw / f"seed{seed}.parquet"
@@ -235,7 +249,7 @@ def throughput_table(per_run: pd.DataFrame) -> pd.DataFrame:
     return table.merge(extra, on="framework", how="left")
 
 
-def _mfu(r) -> str:
+def _mfu(r: Any) -> str:  # a row of DataFrame.itertuples(): a namedtuple of the table's columns
     if pd.isna(r.mfu_step):
         return "-"
     return f"{r.mfu_step:.1%} ({r.mfu_gen:.1%} / {r.mfu_train:.1%})"
@@ -274,7 +288,7 @@ def _trailing(series: pd.Series, k: int, min_periods: int) -> pd.Series:
 
 
 def _window(n_steps: int) -> int:
-    return max(1, int(round(n_steps * EDGE_FRACTION)))
+    return max(1, round(n_steps * EDGE_FRACTION))
 
 
 def time_to_reward(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, float]:
@@ -291,9 +305,9 @@ def time_to_reward(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, floa
     target = fraction * best if best > 0 else math.nan
     rows = []
     for r in ok:
-        df = r.metrics
+        df = r.steps
         smooth = _trailing(df["reward_mean"], _window(len(df)), _window(len(df)))
-        hit = np.flatnonzero((smooth >= target).to_numpy()) if not math.isnan(target) else []
+        hit = np.flatnonzero((smooth >= target).to_numpy()) if not math.isnan(target) else np.array([], dtype=int)
         wall = df["time_step_s"].cumsum().to_numpy()
         rows.append({"framework": r.framework, "seed": r.seed, "final": r.summary["reward_last10"],
                      "time_s": float(wall[hit[0]]) if len(hit) else math.nan,
@@ -318,10 +332,10 @@ def own_throughput_table(runs: list[Run], warmup: int) -> pd.DataFrame:
     rows = []
     for fw in dict.fromkeys(r.framework for r in runs):
         ok = [r for r in runs if r.framework == fw and r.status == "ok"
-              and FRAMEWORK_THROUGHPUT in r.metrics and r.metrics[FRAMEWORK_THROUGHPUT].notna().any()]
+              and FRAMEWORK_THROUGHPUT in r.steps and r.steps[FRAMEWORK_THROUGHPUT].notna().any()]
         if not ok:
             continue
-        measured = [r.metrics[r.metrics["step"] > warmup] for r in ok]
+        measured = [r.steps[r.steps["step"] > warmup] for r in ok]
         ratio = pd.concat([m[FRAMEWORK_THROUGHPUT] / m["throughput_tok_s"] for m in measured])
         adapter = _adapter(fw)
         rows.append({"framework": fw, "seeds": len(ok),
@@ -355,7 +369,7 @@ def own_throughput_html(own: pd.DataFrame) -> str:
 
 # ---- figures -----------------------------------------------------------------------------------------------
 
-def _png(fig, dest: Path) -> bytes:
+def _png(fig: Figure, dest: Path) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
@@ -365,7 +379,7 @@ def _png(fig, dest: Path) -> bytes:
     return data
 
 
-def _empty(ax, text: str) -> None:
+def _empty(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -436,16 +450,16 @@ def reward_figure(runs: list[Run], order: list[str], colors: dict, target: float
         if not fw_runs:
             continue
         color = colors[fw]
-        curves = pd.concat({r.seed: _trailing(r.metrics.set_index("step")["reward_mean"],
-                                              _window(len(r.metrics)), 1) for r in fw_runs}, axis=1)
+        curves = pd.concat({r.seed: _trailing(r.steps.set_index("step")["reward_mean"],
+                                              _window(len(r.steps)), 1) for r in fw_runs}, axis=1)
         ax_step.plot(curves.index, curves.mean(axis=1), color=color, label=f"{fw} ({len(fw_runs)} seeds)")
         ax_step.fill_between(curves.index, curves.min(axis=1), curves.max(axis=1), color=color, alpha=0.2, lw=0)
         # up to the shortest seed's run time: past it the mean would be over fewer seeds and jump
-        end = min(r.metrics["time_step_s"].sum() for r in fw_runs)
+        end = min(r.steps["time_step_s"].sum() for r in fw_runs)
         grid = np.linspace(0, end, 300)
         on_grid = np.vstack([
-            np.interp(grid, r.metrics["time_step_s"].cumsum().to_numpy(),
-                      _trailing(r.metrics["reward_mean"], _window(len(r.metrics)), 1).to_numpy(),
+            np.interp(grid, r.steps["time_step_s"].cumsum().to_numpy(),
+                      _trailing(r.steps["reward_mean"], _window(len(r.steps)), 1).to_numpy(),
                       left=np.nan, right=np.nan) for r in fw_runs])
         with warnings.catch_warnings():  # a time no seed has reached yet: drawn as a gap on purpose
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -471,13 +485,13 @@ def truth_table(runs: list[Run]) -> pd.DataFrame:
     steps, and how the two move together (Pearson over steps). Empty when no run logged the accuracy."""
     rows = []
     for r in runs:
-        if r.status != "ok" or r.metrics["task_accuracy_mean"].isna().all():
+        if r.status != "ok" or r.steps["task_accuracy_mean"].isna().all():
             continue
-        reward_first, reward_last = edge_means(r.metrics["reward_mean"])
-        acc_first, acc_last = edge_means(r.metrics["task_accuracy_mean"])
+        reward_first, reward_last = edge_means(r.steps["reward_mean"])
+        acc_first, acc_last = edge_means(r.steps["task_accuracy_mean"])
         rows.append({"framework": r.framework, "seed": r.seed, "reward_first10": reward_first,
                      "reward_last10": reward_last, "accuracy_first10": acc_first, "accuracy_last10": acc_last,
-                     "correlation": r.metrics["reward_mean"].corr(r.metrics["task_accuracy_mean"])})
+                     "correlation": r.steps["reward_mean"].corr(r.steps["task_accuracy_mean"])})
     return pd.DataFrame(rows)
 
 
@@ -485,13 +499,14 @@ def truth_figure(runs: list[Run], colors: dict, dest: Path) -> bytes:
     """Shared reward and the task's exact-match accuracy per step, one panel each, per run (trailing means)."""
     fig, (ax_reward, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.2))
     for r in runs:
-        if r.status != "ok" or r.metrics["task_accuracy_mean"].isna().all():
+        if r.status != "ok" or r.steps["task_accuracy_mean"].isna().all():
             continue
-        m, k = r.metrics.set_index("step"), _window(len(r.metrics))
+        m, k = r.steps.set_index("step"), _window(len(r.steps))
         for ax, column in ((ax_reward, "reward_mean"), (ax_acc, "task_accuracy_mean")):
             ax.plot(m.index, _trailing(m[column], k, 1), color=colors[r.framework], alpha=0.8,
                     label=f"{r.framework} seed {r.seed}")
-    ax_reward.set(xlabel="optimizer step", ylabel="shared reward of the samples", title="Reward the policy is trained on")
+    ax_reward.set(xlabel="optimizer step", ylabel="shared reward of the samples",
+                  title="Reward the policy is trained on")
     ax_acc.set(xlabel="optimizer step", ylabel="exact-match accuracy of the samples", ylim=(-0.02, 1.02),
                title="The task's truth")
     ax_reward.legend(fontsize=8, loc="best")
@@ -519,7 +534,7 @@ def truth_html(truth: pd.DataFrame, figure: bytes, reward_record: dict | None) -
 
 # ---- fairness, conformance, claims -------------------------------------------------------------------------
 
-def _get(config: dict, dotted: str):
+def _get(config: dict, dotted: str) -> Any:
     node = config
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -528,7 +543,7 @@ def _get(config: dict, dotted: str):
     return node
 
 
-def _same(a, b) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-12)
     return a == b
@@ -711,7 +726,7 @@ def claims_table(claims: dict, runs: list[Run], table: pd.DataFrame, config: dic
                 return f"not comparable: the hardware of the {fw} runs is not recorded (no manifest.json)"
             if not _matches(hw, run_hardware(runs, fw)):
                 return f"not comparable: different hardware (this run: {fw} on {_hardware_words(runs, fw)})"
-        if len(fws) > 1 and len({tuple(sorted(run_hardware(runs, fw))) for fw in fws}) > 1:
+        if len(fws) > 1 and len({tuple(sorted(run_hardware(runs, fw) or [])) for fw in fws}) > 1:
             return "not comparable: the frameworks ran on different hardware"
         differ = [f"{k} {v} there, {_get(config, k)} here" for k, v in setting.items()
                   if k != "note" and not _same(v, _get(config, k))]
@@ -727,7 +742,8 @@ def claims_table(claims: dict, runs: list[Run], table: pd.DataFrame, config: dic
         rows.append(dict(claim=f"{fw} {c.get('version') or ''} {_fmt(c['tokens_per_s'])} tokens/s".replace("  ", " "),
                          model=c.get("model", ""), hardware=claim_hw(c["hardware"]),
                          setting=setting_words(c["setting"]), source=c["source"],
-                         measured=why or f"{_fmt(measured[fw])} tokens/s ({measured[fw] / c['tokens_per_s']:.2f}x the claim)",
+                         measured=why or f"{_fmt(measured[fw])} tokens/s "
+                                         f"({measured[fw] / c['tokens_per_s']:.2f}x the claim)",
                          comparable=why is None))
     for c in claims.get("ratios", []):
         fws = [c["faster"], c["slower"]]
@@ -750,11 +766,12 @@ vertical-align:top}th{background:#f3f3f3;text-align:left}td.num{text-align:right
 .mismatch{background:#fde8c8}.unmapped{background:#eee;color:#666}.match{}
 .claim{font-style:italic}.muted{color:#666;font-size:.9em}.findings{background:#f6f8fa;border:1px solid #ddd;
 padding:.6em 1.2em;border-radius:6px}img{max-width:100%;border:1px solid #eee}
-.nw{white-space:nowrap}.scroll{overflow-x:auto}.small table{font-size:.78em}pre{background:#f6f6f6;padding:.5em;overflow-x:auto;font-size:.8em;max-height:30em}code{font-size:.9em}
+.nw{white-space:nowrap}.scroll{overflow-x:auto}.small table{font-size:.78em}
+pre{background:#f6f6f6;padding:.5em;overflow-x:auto;font-size:.8em;max-height:30em}code{font-size:.9em}
 """
 
 
-def _e(x) -> str:
+def _e(x: object) -> str:
     if isinstance(x, float) and math.isnan(x):
         return "n/a"
     return html.escape(str(x))
@@ -773,25 +790,28 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
     return "\n".join(out) + "</table>"
 
 
-def _num(x, digits=0) -> str:
+def _num(x: float | None, digits: int = 0) -> str:
     return f'<td class="num">{_fmt(x, digits)}</td>'
 
 
-def _spread(med, lo, hi, digits=0) -> str:
-    return f'<td class="num">{_fmt(med, digits)} <span class="muted">({_fmt(lo, digits)}&ndash;{_fmt(hi, digits)})</span></td>'
+def _spread(med: float | None, lo: float | None, hi: float | None, digits: int = 0) -> str:
+    spread = f'<span class="muted">({_fmt(lo, digits)}&ndash;{_fmt(hi, digits)})</span>'
+    return f'<td class="num">{_fmt(med, digits)} {spread}</td>'
 
 
 def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: float) -> list[str]:
     """The page's answers in words, each computed from the tables below."""
     out = []
     counts = pd.Series([r.status for r in runs]).value_counts()
-    out.append(f"{len(runs)} planned runs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("ok", "failed", "not run")))
+    statuses = ("ok", "failed", "not run")
+    out.append(f"{len(runs)} planned runs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in statuses))
     if table.empty:
         out.append("No run completed: nothing to compare.")
         return out
     fast, slow = table.iloc[-1], table.iloc[0]
     if len(table) == 1:
-        out.append(f"Only {fast.framework} completed ({_fmt(fast.tokens_per_s)} tokens/s): no framework to compare with.")
+        out.append(f"Only {fast.framework} completed ({_fmt(fast.tokens_per_s)} tokens/s): "
+                   "no framework to compare with.")
     else:
         second = table.iloc[-2]
         real = ("its slowest seed is faster than the fastest seed of " + second.framework
@@ -809,7 +829,7 @@ def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: 
     return out
 
 
-def _value(v) -> str:
+def _value(v: object) -> str:
     return "n/a" if v is None else _e(json.dumps(v) if isinstance(v, (list, dict, bool)) else v)
 
 
@@ -826,7 +846,8 @@ def fairness_html(fair: pd.DataFrame, frameworks: list[str]) -> str:
                 cells.append("")
                 continue
             r = by_fw.loc[fw]
-            fk = f' <span class="muted">({_e(r.framework_key)})</span>' if r.framework_key and r.framework_key != key else ""
+            named = r.framework_key and r.framework_key != key
+            fk = f' <span class="muted">({_e(r.framework_key)})</span>' if named else ""
             if r.state == "mismatch":
                 cells.append(f'<td class="mismatch"><b>{_value(r.effective)}</b>{fk}<br>'
                              f'<span class="muted">{_e(r.cause)}</span></td>')
@@ -845,7 +866,8 @@ def _short(sha: str | None) -> str:
 def manifest_html(runs: list[Run]) -> str:
     header = ["framework", "seed", "status", "run id", "version", "git commit", "hardware", "packages", "config hash",
               "dataset sha256", "policy sha256", "reward sha256", "created"]
-    rows, hashes = [], {}
+    rows: list[list[str]] = []
+    hashes: dict[str, set[str]] = {}
     for r in runs:
         m = r.manifest or {}
         inputs = m.get("inputs") or (r.plan or {}).get("inputs") or {}
@@ -861,8 +883,9 @@ def manifest_html(runs: list[Run]) -> str:
                                          f"CPU: {hw.get('cpu', '?')} ({hw.get('cpu_count', '?')} cores)")
         versions = m.get("versions") or {}
         pkgs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in ("python", "torch", "transformers"))
-        rows.append([_e(r.framework), _e(r.seed), _e(r.status), _e(m.get("run_id") or (r.plan or {}).get("run_id", "n/a")),
-                     _e(m.get("framework_version") or (r.plan or {}).get("framework_version", "n/a")),
+        plan = r.plan or {}
+        rows.append([_e(r.framework), _e(r.seed), _e(r.status), _e(m.get("run_id") or plan.get("run_id", "n/a")),
+                     _e(m.get("framework_version") or plan.get("framework_version", "n/a")),
                      (_short(git.get("commit")) + (" (dirty)" if git.get("dirty") else "")) if git else "n/a",
                      _e(hw_words), _e(pkgs or "n/a"), _e(m.get("config_hash", "n/a")),
                      *[_short(inputs.get(n, {}).get("sha256")) for n in ("dataset", "policy", "reward")],
@@ -1021,7 +1044,7 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
     figures = {
         "throughput": throughput_figure(table, colors, out / "throughput.png"),
         "step_time": step_time_figure(per_run, order, colors, out / "step_time.png"),
-        "reward_curve": reward_figure(runs, [f for f in config["frameworks"]], colors, target, ttr,
+        "reward_curve": reward_figure(runs, list(config["frameworks"]), colors, target, ttr,
                                       out / "reward_curve.png"),
     }
     if not truth_table(runs).empty:

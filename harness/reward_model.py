@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -23,6 +24,9 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from harness import HarnessError
 from harness.io import atomic_path
 from harness.policy import fit, seed_everything
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # How a wrong answer is made from the right one: the mistakes a small arithmetic policy makes.
 CORRUPTIONS = ("digit", "swap", "drop", "extra", "random")
@@ -68,7 +72,7 @@ def _device(requested: str) -> torch.device:
     return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def _render(tokenizer, prompt: str, response: str) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, prompt: str, response: str) -> str:
     if tokenizer.chat_template:
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], tokenize=False)
@@ -78,7 +82,8 @@ def _render(tokenizer, prompt: str, response: str) -> str:
 class RewardModel:
     """A loaded reward model; `score` is one forward pass per `batch_size` texts. Holds the model, so a class."""
 
-    def __init__(self, path: str | Path, *, device: str = "auto", batch_size: int = 64, max_length: int = 1024):
+    def __init__(self, path: str | Path, *, device: str = "auto", batch_size: int = 64,
+                 max_length: int = 1024) -> None:
         check_checkpoint(path)
         self.device = _device(device)
         self.batch_size, self.max_length = batch_size, max_length
@@ -162,7 +167,8 @@ def policy_mistakes(policy_dir: str | Path, rows: list[dict], per_prompt: int, m
     return pairs
 
 
-def _pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> torch.Tensor:
+def _pair_margins(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[dict],
+                  batch_size: int) -> torch.Tensor:
     """r(chosen) - r(rejected) per pair, chosen and rejected scored in one forward pass."""
     margins = []
     for i in range(0, len(pairs), batch_size):
@@ -175,7 +181,8 @@ def _pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> torch
     return torch.cat(margins)
 
 
-def pair_accuracy(model, tokenizer, pairs: list[dict], batch_size: int = 256) -> dict:
+def pair_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: list[dict],
+                  batch_size: int = 256) -> dict:
     """Fraction of pairs ranked right, overall and by kind of mistake."""
     was_training = model.training
     model.eval()

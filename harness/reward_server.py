@@ -31,6 +31,7 @@ a second, and `max_pending` must exceed the requests one rollout step sends at o
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import sys
 import threading
@@ -40,6 +41,7 @@ import urllib.error
 import urllib.request
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from harness import HarnessError, reward
 from harness.shared_reward import SharedReward
@@ -57,12 +59,12 @@ RETRY_AFTER_S = 1  # OpenRLHF's clients wait 1 s between tries whatever it says
 class RequestError(Exception):
     """A request answered with `status` and `{"error": message}` (4xx: the request; 5xx: the server)."""
 
-    def __init__(self, status: HTTPStatus, message: str):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
-def parse_request(payload) -> tuple[list[str], list[str], list[str]]:
+def parse_request(payload: object) -> tuple[list[str], list[str], list[str]]:
     """(prompts, responses, labels) of one decoded request body; RequestError (4xx) names what is wrong."""
     if not isinstance(payload, dict):
         raise RequestError(HTTPStatus.BAD_REQUEST, f"expected a JSON object with {', '.join(FIELDS)}, "
@@ -82,21 +84,22 @@ def parse_request(payload) -> tuple[list[str], list[str], list[str]]:
     for i, (query, prompt) in enumerate(zip(payload["query"], payload["prompts"])):
         if not query.startswith(prompt):
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY,
-                               f"query[{i}] does not begin with prompts[{i}]; the response is the query after its prompt")
+                               f"query[{i}] does not begin with prompts[{i}]; "
+                               "the response is the query after its prompt")
         responses.append(query[len(prompt):])
     return payload["prompts"], responses, payload["labels"]
 
 
 class _Job:
-    __slots__ = ("prompts", "responses", "labels", "done", "rewards", "error")
+    __slots__ = ("done", "error", "labels", "prompts", "responses", "rewards")
 
-    def __init__(self, prompts, responses, labels):
+    def __init__(self, prompts: list[str], responses: list[str], labels: list[str]) -> None:
         self.prompts, self.responses, self.labels = prompts, responses, labels
         self.done = threading.Event()
         self.rewards: list[float] | None = None
         self.error: RequestError | None = None
 
-    def finish(self, rewards=None, error: RequestError | None = None) -> None:
+    def finish(self, rewards: list[float] | None = None, error: RequestError | None = None) -> None:
         self.rewards, self.error = rewards, error
         self.done.set()
 
@@ -104,7 +107,7 @@ class _Job:
 class Batcher:
     """Continuous batching in front of one `SharedReward`: a bounded queue of requests and one scoring thread."""
 
-    def __init__(self, shared_reward: SharedReward, max_pending: int, max_batch: int):
+    def __init__(self, shared_reward: SharedReward, max_pending: int, max_batch: int) -> None:
         for name, value in (("max_pending (--max-pending)", max_pending), ("max_batch (--batch-size)", max_batch)):
             if value < 1:
                 raise HarnessError(f"reward server: {name} must be at least 1, got {value}")
@@ -134,6 +137,7 @@ class Batcher:
         job.done.wait()
         if job.error is not None:
             raise job.error
+        assert job.rewards is not None  # finish() sets one of the two
         return job.rewards
 
     def stats(self) -> dict:
@@ -177,7 +181,7 @@ class Batcher:
                 rewards = [float(x) for x in self.shared_reward.score(prompts, responses, labels)] if prompts else []
                 if len(rewards) != len(prompts):
                     raise ValueError(f"the shared reward returned {len(rewards)} scores for {len(prompts)} texts")
-            except Exception as e:  # noqa: BLE001 - every request of the batch must be answered, and serving go on
+            except Exception as e:
                 sys.stderr.write(f"reward server: scoring a batch of {len(prompts)} texts failed:\n"
                                  + traceback.format_exc())
                 with self._cond:
@@ -200,6 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
     # Headers and body go out in two writes: with Nagle's algorithm on, the second waits ~40 ms for the
     # client's delayed ACK on every request.
     disable_nagle_algorithm = True
+    server: RewardServer
     timeout = 60  # seconds a connection may sit idle or send a short body before it is dropped
 
     def _send(self, status: HTTPStatus, obj: dict) -> None:
@@ -217,20 +222,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: HTTPStatus, message: str) -> None:
         self._send(status, {"error": message})
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         if self.path != HEALTH_PATH:
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r} (GET {HEALTH_PATH})")
         self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity, "served": self.server.batcher.stats()})
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         if self.path not in REWARD_PATHS:
             self.close_connection = True  # the body is left unread
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r} (POST {' or '.join(REWARD_PATHS)})")
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        header = self.headers.get("Content-Length")
+        if header is None or not header.isdigit():
             self.close_connection = True
             return self._error(HTTPStatus.LENGTH_REQUIRED, "a Content-Length header is required")
-        length = int(length)
+        length = int(header)
         if length > self.server.max_body:
             # Answer without reading the body, then drop the connection: the unread bytes cannot be reused.
             self.close_connection = True
@@ -249,10 +254,10 @@ class _Handler(BaseHTTPRequestHandler):
         exact = [float(reward.correct(r, a)) for r, a in zip(responses, labels)]
         self._send(HTTPStatus.OK, {"rewards": rewards, "scores": rewards, "extra_logs": {"exact_match": exact}})
 
-    def log_message(self, format, *args):  # one line per request would cost more than scoring it
+    def log_message(self, format: str, *args: Any) -> None:  # one line per request would cost more than scoring it
         pass
 
-    def log_error(self, format, *args):
+    def log_error(self, format: str, *args: Any) -> None:
         sys.stderr.write("reward server: " + (format % args) + "\n")
 
 
@@ -261,7 +266,7 @@ class RewardServer(ThreadingHTTPServer):
     request_queue_size = 1024  # every rollout request opens its own connection (OpenRLHF's client does)
 
     def __init__(self, host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
-                 max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH):
+                 max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self.batcher = Batcher(shared_reward, max_pending, max_batch)
         try:
             super().__init__((host, port), _Handler)
@@ -278,7 +283,7 @@ class RewardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host if isinstance(host, str) else host.decode()}:{port}"
 
 
 def serve(host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
@@ -292,11 +297,8 @@ def serve(host: str, port: int, shared_reward: SharedReward, *, max_body: int = 
     print(f"reward server: serving {identity['reward']} at {server.url} "
           f"(POST {' or '.join(REWARD_PATHS)}, GET {HEALTH_PATH}; {identity['kind']} reward, sha256 "
           f"{identity['sha256']}; up to {max_batch} texts per score call, {max_pending} requests waiting)", flush=True)
-    with server:
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+    with server, contextlib.suppress(KeyboardInterrupt):
+        server.serve_forever()
 
 
 def wait_healthy(url: str, timeout_s: float) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from harness import HarnessError, reward
 
@@ -26,7 +26,9 @@ class SharedReward:
 def rule_identity() -> dict:
     from harness.io import sha256_file
 
-    return {"kind": "rule", "reward": f"{reward.__name__}.score", "sha256": sha256_file(inspect.getsourcefile(reward))}
+    source = inspect.getsourcefile(reward)
+    assert source is not None  # a module loaded from a .py file
+    return {"kind": "rule", "reward": f"{reward.__name__}.score", "sha256": sha256_file(source)}
 
 
 def _rule_score(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:

@@ -6,6 +6,7 @@ One row per run; the per-framework view (median over seeds, spread) is built fro
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
 
 def edge_means(series: pd.Series, fraction: float = 0.1) -> tuple[float, float]:
     """Mean of the first and of the last `fraction` of a curve (at least one point each)."""
-    k = max(1, int(round(len(series) * fraction)))
+    k = max(1, round(len(series) * fraction))
     return float(series.iloc[:k].mean()), float(series.iloc[-k:].mean())
 
 
@@ -75,7 +76,7 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int, efficiency: dict | None =
     return row
 
 
-def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]):
+def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]) -> Callable[[pd.DataFrame], dict]:
     """summarize_run's efficiency record per run's metrics, from the policy's config.json and each run's manifest
     (its peak); an unreadable policy or peak leaves MFU empty and says why, and the rest of the summary stands."""
     try:
@@ -110,7 +111,7 @@ def read_eval(path: Path) -> dict:
 
 
 def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int,
-              efficiency=None) -> pd.DataFrame:
+              efficiency: Callable[[pd.DataFrame], dict] | None = None) -> pd.DataFrame:
     """`efficiency`: (a run's metrics) -> summarize_run's efficiency record, or None for no MFU columns."""
     if not metric_files:
         raise HarnessError("summarize: no metrics files given")
@@ -120,7 +121,8 @@ def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: in
         rows.append(summarize_run(df, warmup_steps, efficiency(df) if efficiency else None))
     summary = pd.DataFrame(rows)
     if summary["run_id"].duplicated().any():
-        raise HarnessError(f"summarize: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} given twice")
+        twice = summary.loc[summary["run_id"].duplicated(), "run_id"].iloc[0]
+        raise HarnessError(f"summarize: run {twice} given twice")
     evals = pd.DataFrame([read_eval(p) for p in eval_files],
                          columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
     summary = summary.merge(evals, on="run_id", how="left")

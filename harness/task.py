@@ -76,7 +76,7 @@ def _records(path: Path) -> list[dict]:
     return records
 
 
-def _prompt(value, where: str, key: str) -> str:
+def _prompt(value: object, where: str, key: str) -> str:
     """A prompt string, or the content of chat messages that are one user turn (every framework then renders it
     with the policy's own chat template)."""
     if isinstance(value, str) and value.strip():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -96,10 +97,8 @@ class DevTools:
         return json.loads(raw)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.send("Browser.close", timeout=5)
-        except (RuntimeError, TimeoutError, OSError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -143,7 +142,8 @@ def check_page(html_path: Path, screenshot: Path, width: int = 1280) -> list[str
     for e in dt.events:
         method, p = e.get("method"), e.get("params", {})
         if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-            problems.append("console error: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+            args = (str(a.get("value", a.get("description", ""))) for a in p["args"])
+            problems.append("console error: " + " ".join(args))
         elif method == "Runtime.exceptionThrown":
             problems.append(f"exception: {p['exceptionDetails'].get('text')}")
         elif method == "Log.entryAdded" and p["entry"].get("level") == "error":

@@ -14,7 +14,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 def a100x8_offline(n_train: int, n_eval: int) -> dict:
     """workflows/config/a100x8.yaml as parsed YAML, its Hub dataset and reward model replaced by what exists here (no
-    Hub, no 7B reward model): 5-digit addition of the given size, scored by the rule. Everything else is the profile's."""
+    Hub, no 7B reward model): 5-digit addition of the given size, scored by the rule. Everything else is the
+    profile's."""
     import yaml
 
     raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())

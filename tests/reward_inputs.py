@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from conftest import a100x8_offline
+
 from harness.config import validate_config
 from harness.inputs import build_dataset, build_policy, build_reward
 from harness.io import write_text
@@ -35,7 +35,8 @@ def save_reward_model(dest: Path, texts: list[str], max_positions: int = 128) ->
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id, max_position_embeddings=max_positions))
+        num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=max_positions))
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest

@@ -7,7 +7,8 @@ def test_run_with_a_broken_config_exits_2_naming_the_key_and_writes_nothing(tmp_
     out = tmp_path / "run"
     proc = run_cli("run", "reference", "--config", config, "--seed", 1, "--out", out, "--inputs", tmp_path)
     assert proc.returncode == 2
-    assert f"{config}: invalid config" in proc.stderr and "at remax.steps: 0 is less than the minimum of 1" in proc.stderr
+    assert f"{config}: invalid config" in proc.stderr
+    assert "at remax.steps: 0 is less than the minimum of 1" in proc.stderr
     assert not out.exists()
 
 

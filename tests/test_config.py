@@ -1,6 +1,6 @@
 import pytest
-
 from conftest import REPO
+
 from harness import HarnessError
 from harness.config import config_hash, load_config, validate_config
 

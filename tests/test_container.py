@@ -12,8 +12,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import REPO, snakemake
+
 from harness import HarnessError, container, envs
 from harness.config import validate_config
 from harness.frameworks import get_adapter
@@ -110,7 +110,7 @@ def stand_in_apptainer(bin_dir, record):
 
 
 def test_verl_launch_sh_runs_exactly_the_apptainer_exec_line(planned_apptainer, tmp_path):
-    config, plans = planned_apptainer
+    _config, plans = planned_apptainer
     record = tmp_path / "argv"
     bin_dir = tmp_path / "bin"
     stand_in_apptainer(bin_dir, record)
@@ -199,7 +199,8 @@ def test_image_build_runs_apptainer_once_and_records_the_sif(tmp_path, monkeypat
 def test_failed_image_build_leaves_no_image(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "apptainer"
-    fake.write_text("#!/usr/bin/env bash\n[ \"$1\" = --version ] && exit 0\necho 'FATAL: no such image' >&2\nexit 255\n")
+    fake.write_text("#!/usr/bin/env bash\n[ \"$1\" = --version ] && exit 0\n"
+                    "echo 'FATAL: no such image' >&2\nexit 255\n")
     fake.chmod(0o755)
     config = validate_config({"container": {"apptainer": str(fake)}})
     with pytest.raises(HarnessError, match="build of environment 'dschat' failed"):

@@ -1,6 +1,7 @@
 """Prompt datasets from a file (task.kind file: JSONL or Parquet) or from the Hugging Face Hub through `datasets`
 (task.kind hub), GSM8K and chat records, frozen to the canonical JSONL; bad records named by file, record and key,
-an unknown dataset or an unreachable Hub named as such, nothing half-written; the GSM8K reward; end to end on the CPU."""
+an unknown dataset or an unreachable Hub named as such, nothing half-written; the GSM8K reward; end to end on the
+CPU."""
 
 import http.server
 import json
@@ -14,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import BIN, REPO, snakemake
+
 from harness import HarnessError, reward, task
 from harness.config import validate_config
 from harness.io import sha256_file
@@ -54,7 +55,7 @@ def test_gsm8k_records_freeze_to_the_canonical_dataset_and_score_by_the_final_nu
 
 
 def test_chat_records_without_answers_need_a_reward_model(tmp_path):
-    with pytest.raises(HarnessError, match="at task.answer_key: null .* use reward.kind: model"):
+    with pytest.raises(HarnessError, match=r"at task\.answer_key: null .* use reward\.kind: model"):
         validate_config({"task": CHAT})
     _, splits = frozen(tmp_path, CHAT, reward_kind="model")
     assert len(splits["eval"]) == 6 and len(splits["train"]) == 18  # eval_fraction 0.25 of 24, drawn by task.seed
@@ -200,7 +201,7 @@ def test_an_unreachable_hub_is_named(tmp_path):
 
 
 def test_a_hub_task_needs_a_name():
-    with pytest.raises(HarnessError, match="at task.name: task.kind hub needs the dataset's name"):
+    with pytest.raises(HarnessError, match=r"at task\.name: task\.kind hub needs the dataset's name"):
         validate_config({"task": {"kind": "hub"}})
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, a100x8_offline, run_cli
+from reward_inputs import direct_scores, model_reward_inputs, reward_server
+
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import dschat, get_adapter
@@ -27,7 +28,6 @@ from harness.inputs import resolve_reward
 from harness.io import write_json, write_text
 from harness.policy import train_tokenizer
 from harness.task import generate, to_jsonl
-from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 FIXTURES = REPO / "tests" / "fixtures" / "dschat"
 CHECKOUT = os.environ.get(dschat.CHECKOUT_ENV)
@@ -177,7 +177,7 @@ def test_plan_with_a_reward_model_serves_it_to_the_launcher(tmp_path, model_inpu
 def test_plan_refuses_a_reward_url_without_a_port_for_a_reward_model(tmp_path, model_inputs):
     config = json.loads(json.dumps(model_inputs["config"]))
     config["dschat"]["reward_url"] = "http://localhost"
-    with pytest.raises(HarnessError, match="at dschat.reward_url: 'http://localhost' names no host and port"):
+    with pytest.raises(HarnessError, match=r"at dschat\.reward_url: 'http://localhost' names no host and port"):
         dschat.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
     assert not (tmp_path / "plan").exists()
 
@@ -232,7 +232,8 @@ def test_an_edited_checkout_at_the_pinned_commit_is_refused(tmp_path, inputs):
 @pytest.mark.parametrize("change, message", [
     ({"remax": {"rollout_n": 4}}, r"remax.rollout_n: 4; DeepSpeed-Chat's ReMax samples one response per prompt"),
     ({"remax": {"train_batch_size": 12}}, r"12 prompts do not divide over 8 GPUs"),
-    ({"launch": {"gpus_per_node": 0}}, r"launch.gpus_per_node: 0; DeepSpeed-Chat needs GPUs unless launch.device is cpu"),
+    ({"launch": {"gpus_per_node": 0}},
+     r"launch.gpus_per_node: 0; DeepSpeed-Chat needs GPUs unless launch.device is cpu"),
     ({"dschat": {"data_split": "0,1,9"}}, r"evaluation_by_ppl fails on an empty loader"),
 ])
 def test_plan_refuses_settings_the_code_breaks_on(tmp_path, inputs, change, message):
@@ -352,7 +353,7 @@ def test_out_of_order_and_json_errors(tmp_path):
         dschat.ingest([bad / dschat.STEPS_LOG])
     alone = tmp_path / "alone.log"
     write_text(alone, (FIXTURES / "perf_step3_console.txt").read_text())
-    with pytest.raises(HarnessError, match="no plan.json beside it"):
+    with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
         dschat.ingest([alone])
 
 
@@ -456,7 +457,8 @@ else:
         loss, returns, _ = trainer.compute_loss(exp)
         trainer.actor_model.backward(loss)
         trainer.actor_model.step()
-        report["steps"].append({"rewards": exp["rewards"].tolist(), "baseline_rewards": exp["baseline_rewards"].tolist(),
+        report["steps"].append({"rewards": exp["rewards"].tolist(),
+                                "baseline_rewards": exp["baseline_rewards"].tolist(),
                                 "input_ids": exp["input_ids"].tolist(), "prompt_length": prompt.shape[1]})
 print("REPORT " + json.dumps(report), flush=True)
 # Leave without interpreter teardown: DeepSpeed's CPU comm threads sometimes abort the process at exit
@@ -505,7 +507,7 @@ def test_hybrid_engine_wrapping_times_real_deepspeed_on_cpu(engine_run, tmp_path
         assert line["n_samples"] == 4 and line["response_length_mean"] == sum(sampled) / 4
         prompts = [tok.decode(p, skip_special_tokens=True) for p in step["prompt"]]
 
-        def scores(seqs, lengths):
+        def scores(seqs, lengths, width=width, prompts=prompts):
             return [reward.score(p, tok.decode(s[width:width + n], skip_special_tokens=True), answers[p])
                     for p, s, n in zip(prompts, seqs, lengths)]
         assert line["reward_mean"] == pytest.approx(sum(scores(step["sampled"], sampled)) / 4)
@@ -629,7 +631,8 @@ engine = types.SimpleNamespace(tokenizer=tok)
 out = {"reward": type(rlhf_engine.DeepSpeedRLHFEngine._init_reward(engine, actor)).__name__,
        "data_utils": sys.modules["utils.data.data_utils"].__file__}
 for phase in (3, 1):
-    train, ev = create_dataset(-1, "local/jsonfile", split, run_dir + "/data_files", phase, 1234, tok, tok.eos_token, 64)
+    train, ev = create_dataset(-1, "local/jsonfile", split, run_dir + "/data_files", phase, 1234, tok, tok.eos_token,
+                               64)
     out[f"phase{phase}"] = [len(train), len(ev)]
     if phase == 3:
         out["first_prompt_ids"] = train[0][0].flip(0).tolist()  # stored reversed; the collator flips it back

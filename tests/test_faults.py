@@ -7,7 +7,6 @@ import time
 
 import pandas as pd
 import pytest
-
 from conftest import BIN, REPO
 
 pytestmark = pytest.mark.e2e

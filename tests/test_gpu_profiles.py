@@ -3,7 +3,6 @@
 import re
 
 import pytest
-
 from conftest import REPO, snakemake
 
 pytestmark = pytest.mark.e2e

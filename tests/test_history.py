@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, run_cli
+
 from harness import HarnessError
 from harness.config import load_config, validate_config
 from harness.history import HISTORY_DIR, append, pipeline_rows, read_history
@@ -37,7 +37,8 @@ def make_results(results: Path, *, throughput: float | dict = 1000.0, transition
         level = 1 + noise * rng.standard_normal()
         run_id = f"reference-{config['profile']}-s{seed}"
         rows = [{"framework": "reference", "framework_version": "0.1.0", "run_id": run_id, "seed": seed, "step": step,
-                 "n_gpus": 0, "time_step_s": 200 / (tps * level), "time_gen_s": 0.5 * 200 / (tps * level), "time_transition_s": transition_s / level,
+                 "n_gpus": 0, "time_step_s": 200 / (tps * level), "time_gen_s": 0.5 * 200 / (tps * level),
+                 "time_transition_s": transition_s / level,
                  "time_train_s": 0.3 * 200 / (tps * level), "tokens_prompt": 120.0, "tokens_response": 80.0,
                  "tokens_baseline": 20.0, "reward_mean": min(1.0, 0.2 + learning_rate * step),
                  "reward_baseline_mean": 0.2, "kl_mean": 0.0, "response_length_mean": 5.0}
@@ -141,7 +142,9 @@ def test_cli_append_and_bad_inputs(tmp_path):
     results = make_results(tmp_path / "results")
     os.remove(results / "runs" / "reference" / "seed2" / "manifest.json")
     proc = run_cli("history", "append", "--results", results)
-    assert proc.returncode == 2 and f"{results}/runs/reference/seed2/manifest.json: manifest not found (the run directory has no manifest)" in proc.stderr
+    assert proc.returncode == 2
+    assert (f"{results}/runs/reference/seed2/manifest.json: manifest not found (the run directory has no manifest)"
+            in proc.stderr)
     assert not (results / HISTORY_DIR).exists()
 
     results = make_results(tmp_path / "ok" / "results")

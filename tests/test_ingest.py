@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import run_cli
+
 from harness import HarnessError
 from harness.frameworks import get_adapter
 from harness.metrics import SCHEMA, to_frame
@@ -66,4 +66,5 @@ def test_ingest_cli_writes_parquet_and_rejects_bad_input(tmp_path):
     assert not (tmp_path / "empty.parquet").exists()
 
     proc = run_cli("ingest", "nosuch", log, "--out", tmp_path / "x.parquet")
-    assert proc.returncode == 2 and "unknown framework 'nosuch' (known: dschat, openrlhf, reference, verl)" in proc.stderr
+    assert proc.returncode == 2
+    assert "unknown framework 'nosuch' (known: dschat, openrlhf, reference, verl)" in proc.stderr

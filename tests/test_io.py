@@ -6,11 +6,10 @@ from harness.io import atomic_path, record_hash, verify_hash, write_text
 
 def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
     dest = tmp_path / "run"
-    with pytest.raises(RuntimeError):
-        with atomic_path(dest) as tmp:
-            tmp.mkdir()
-            (tmp / "metrics.parquet").write_text("half")
-            raise RuntimeError("killed mid-run")
+    with pytest.raises(RuntimeError), atomic_path(dest) as tmp:
+        tmp.mkdir()
+        (tmp / "metrics.parquet").write_text("half")
+        raise RuntimeError("killed mid-run")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -37,10 +36,10 @@ def test_changed_input_is_caught_by_its_recorded_sha256(tmp_path):
 
 
 def test_missing_input_and_missing_record_are_named(tmp_path):
-    with pytest.raises(HarnessError, match="dataset.jsonl: input is missing"):
+    with pytest.raises(HarnessError, match=r"dataset\.jsonl: input is missing"):
         verify_hash(tmp_path / "dataset.jsonl")
     write_text(tmp_path / "dataset.jsonl", "{}\n")
-    with pytest.raises(HarnessError, match="dataset.jsonl.sha256: no recorded sha256"):
+    with pytest.raises(HarnessError, match=r"dataset\.jsonl\.sha256: no recorded sha256"):
         verify_hash(tmp_path / "dataset.jsonl")
 
 

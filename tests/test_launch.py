@@ -26,7 +26,8 @@ def alive(pid: int) -> bool:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
             return False
         if state in "ZX":

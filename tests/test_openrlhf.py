@@ -15,8 +15,9 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import REPO, run_cli
+from reward_inputs import direct_scores, model_reward_inputs
+
 from harness import HarnessError, envs, reward, task
 from harness.conformance import CASES, reference_advantages
 from harness.frameworks import get_adapter
@@ -24,7 +25,6 @@ from harness.frameworks import openrlhf as orl
 from harness.inputs import resolve_reward
 from harness.reward_server import RewardServer
 from harness.shared_reward import load_shared_reward
-from reward_inputs import direct_scores, model_reward_inputs
 
 FIXTURES = REPO / "tests" / "fixtures" / "openrlhf"
 RUN = FIXTURES / "run"
@@ -102,7 +102,7 @@ def test_nan_in_the_step_dict_is_read_as_nan(tmp_path):
 def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s)
     (log.parent / "plan.json").unlink()
-    with pytest.raises(HarnessError, match="no plan.json beside it"):
+    with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
         orl.ingest([log])
 
 
@@ -139,7 +139,8 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert flag(argv, "--rollout.n_samples_per_prompt") == str(rc["rollout_n"])
     assert flag(argv, "--rollout.max_new_tokens") == str(rc["max_response_length"])
     assert flag(argv, "--data.max_len") == str(rc["max_prompt_length"] + rc["max_response_length"])
-    assert float(flag(argv, "--actor.adam.lr")) == rc["lr"] and float(flag(argv, "--algo.kl.init_coef")) == rc["kl_coef"]
+    assert float(flag(argv, "--actor.adam.lr")) == rc["lr"]
+    assert float(flag(argv, "--algo.kl.init_coef")) == rc["kl_coef"]
     assert float(flag(argv, "--rollout.temperature")) == rc["temperature"]
     assert flag(argv, "--train.agent_func_path") == str(planned / "remax_agent.py")
     assert flag(argv, "--data.prompt_dataset") == str(planned / "prompts.jsonl")
@@ -328,7 +329,7 @@ def test_patch_refuses_a_different_source_and_writes_nothing(tmp_path):
     changed = root / "trainer/ppo_utils/experience_maker.py"
     changed.write_text(changed.read_text().replace('"flash_reinforce",\n            ]:', '"flash_reinforce"]:'))
     before = {rel: (root / rel).read_text() for rel in patch.EDITS}
-    with pytest.raises(patch.PatchError, match="experience_maker.py: passage 2 of the 0.11.2 source found 0 times"):
+    with pytest.raises(patch.PatchError, match=r"experience_maker\.py: passage 2 of the 0\.11\.2 source found 0 times"):
         patch.apply(root)
     assert {rel: (root / rel).read_text() for rel in patch.EDITS} == before
 

@@ -4,8 +4,8 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, snakemake
+
 from harness.metrics import SCHEMA
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +38,8 @@ def test_pipeline_writes_summary_report_and_runs_in_the_common_schema(micro_pipe
         assert manifest["inputs"]["dataset"]["sha256"] == recorded
         assert manifest["versions"]["torch"] and manifest["hardware"]["cpu_count"] >= 1
 
-    manifests = [json.loads((results / "runs" / "reference" / f"seed{s}" / "manifest.json").read_text()) for s in (1, 2)]
+    manifests = [json.loads((results / "runs" / "reference" / f"seed{s}" / "manifest.json").read_text())
+                 for s in (1, 2)]
     windows = sorted((m["timed_window"]["start"], m["timed_window"]["end"]) for m in manifests)
     assert windows[0][1] <= windows[1][0], "two timed runs overlapped although the pipeline had 2 cores"
 

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, a100x8_offline, run_cli
+
 from harness.config import validate_config
 from harness.policy import build_policy, train_tokenizer
 from harness.preflight import preflight, render
@@ -113,7 +113,7 @@ def test_an_environment_with_a_cpu_only_torch_fails_with_the_fix(tmp_path, monke
     config = a100x8(tmp_path, checkpoint(tmp_path / "policy", hidden=128, heads=4))
     config["frameworks"] = ["dschat"]
     rows = preflight(config, tmp_path / "results", smi=recorded_smi("a100x8"), free=lambda path: 500 * GiB,
-                     commands=lambda: [], env_root=venvs)
+                     commands=list, env_root=venvs)
     row = by_check(rows)["environment dschat"]
     assert row["status"] == "fail" and "a CPU build" in row["found"] and "CUDA 12.2" in row["found"]
     assert row["fix"] == "a CUDA build of torch in workflows/envs/dschat.txt"

@@ -7,12 +7,12 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import REPO, run_cli, snakemake
+from test_history import make_results
+
 from harness.config import load_config
 from harness.history import HISTORY_DIR, append
 from harness.regression import METRICS, MIN_HISTORY, PERSISTENCE, assess, machine_sensitivity, noise_level
-from test_history import make_results
 
 THROUGHPUT = METRICS[0]
 
@@ -157,6 +157,14 @@ def test_one_seed_hit_by_a_load_spike_does_not_alert():
     slow = assess(THROUGHPUT, {0: 930.0, 1: 935.0, 2: 940.0}, baseline, history)
     fast = assess(THROUGHPUT, {0: 1100.0, 1: 1090.0, 2: 1080.0}, baseline, history)
     assert slow["status"] == "regression" and fast["status"] == "improved"
+
+
+def test_a_metric_this_run_did_not_record_is_no_comparison_not_a_crash():
+    rng = np.random.default_rng(4)
+    history = _history(1000 * np.exp(0.01 * rng.standard_normal((12, 3))))
+    baseline = {s: [1000.0] for s in (0, 1, 2)}
+    got = assess(THROUGHPUT, {0: None, 1: None, 2: None}, baseline, history)
+    assert got["status"] == "no comparison" and f"no {THROUGHPUT.name} value for seeds [0, 1, 2]" in got["reason"]
 
 
 def nightly_verdicts(values, history=12, baseline_runs=5):

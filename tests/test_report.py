@@ -9,9 +9,9 @@ import sys
 
 import pandas as pd
 import pytest
-
 import synthetic
 from conftest import REPO, run_cli, snakemake
+
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import _REGISTRY
@@ -20,7 +20,7 @@ from harness.metrics import to_frame, write_metrics
 from harness.report import CLAIMS_PATH, load_claims, render
 
 sys.path.insert(0, str(REPO / "scripts"))
-import browser_check  # noqa: E402
+import browser_check
 
 FAST, SLOW, FLAT, GPU = "synthetic-fast", "synthetic-slow", "synthetic-flat", "synthetic-gpu"
 
@@ -163,7 +163,8 @@ def test_runs_without_metrics_get_the_status_their_traces_show(tmp_path, framewo
 
 def step_run(results, framework, seed, rewards, step_s=1.0, gen_s=None):
     rows = [dict(framework=framework, framework_version="0", run_id=f"{framework}-{seed}", seed=seed, step=i + 1,
-                 n_gpus=0, time_step_s=step_s, time_gen_s=step_s / 2 if gen_s is None else gen_s, time_transition_s=0.0, time_train_s=step_s / 4,
+                 n_gpus=0, time_step_s=step_s, time_gen_s=step_s / 2 if gen_s is None else gen_s,
+                 time_transition_s=0.0, time_train_s=step_s / 4,
                  tokens_prompt=10.0, tokens_response=10.0, tokens_baseline=5.0, reward_mean=r,
                  reward_baseline_mean=0.0, kl_mean=0.0, response_length_mean=1.0) for i, r in enumerate(rewards)]
     write_metrics(to_frame(rows, "synthetic step rewards"), results / "metrics" / framework / f"seed{seed}.parquet")
@@ -315,7 +316,7 @@ def test_bad_claims_file_names_the_entry(tmp_path):
 
 def test_time_to_reward_fraction_is_in_the_schema():
     assert validate_config({})["report"] == {"time_to_reward_fraction": 0.9}
-    with pytest.raises(HarnessError, match="report.time_to_reward_fraction"):
+    with pytest.raises(HarnessError, match=r"report\.time_to_reward_fraction"):
         validate_config({"report": {"time_to_reward_fraction": 1.5}})
 
 
@@ -356,7 +357,7 @@ def test_browser_check_catches_a_missing_image_and_a_console_error(tmp_path):
     problems = browser_check.check_page(page, tmp_path / "shot.png")
     assert "image did not load: gone" in problems
     assert "console error: synthetic error" in problems
-    assert any(p.startswith("browser error") or p.startswith("load failed") for p in problems)
+    assert any(p.startswith(("browser error", "load failed")) for p in problems)
 
 
 @pytest.mark.e2e

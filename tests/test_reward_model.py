@@ -7,14 +7,14 @@ import shutil
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, snakemake
+from reward_inputs import save_reward_model
+
 from harness import HarnessError, task
 from harness.config import validate_config
 from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs
 from harness.reward_model import CORRUPTIONS, RewardModel, check_checkpoint, corrupt
 from harness.shared_reward import load_shared_reward
-from reward_inputs import save_reward_model
 
 
 def small_config(**reward):
@@ -90,7 +90,7 @@ def test_checkpoint_checks_name_the_path_and_the_fault(tmp_path):
     with pytest.raises(HarnessError, match="tokenizer does not match the model"):
         check_checkpoint(small)
 
-    with pytest.raises(HarnessError, match="no config.json"):
+    with pytest.raises(HarnessError, match=r"no config\.json"):
         check_checkpoint(tmp_path)
 
 
@@ -113,7 +113,8 @@ def test_reward_input_refuses_a_wrong_or_changed_checkpoint_before_any_run(tmp_p
         model = AutoModelForSequenceClassification.from_pretrained(checkpoint)
         model.score.weight.add_(1.0)
         model.save_pretrained(checkpoint)
-    with pytest.raises(HarnessError, match=r"reward model .*sha256 .* the checkpoint changed after the input was built"):
+    with pytest.raises(HarnessError,
+                       match=r"reward model .*sha256 .* the checkpoint changed after the input was built"):
         resolve_inputs(inputs)
 
 

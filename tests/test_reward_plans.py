@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 import torch
+from reward_inputs import model_reward_inputs
 
 from harness import HarnessError
 from harness.frameworks import dschat, openrlhf, verl
 from harness.inputs import build_reward, resolve_reward
 from harness.report import Run, reward_html, reward_table
-from reward_inputs import model_reward_inputs
 
 ADAPTERS = {"verl": verl, "openrlhf": openrlhf, "dschat": dschat}
 
@@ -107,7 +107,7 @@ def test_report_reward_table(plans, model_inputs):
     assert list(table["framework"]) == ["verl", "openrlhf", "dschat", "reference"]
     assert set(table["sha256"]) == {shared["sha256"]} and set(table["kind"]) == {"model"}
     assert list(table["scored_by"]) == ["served"] * 3 + ["in-process"]
-    assert list(table["seeds"])[0] == [1, 2]
+    assert next(iter(table["seeds"])) == [1, 2]
     html = reward_html(table)
     assert "Every framework was scored by the same reward" in html and shared["sha256"][:12] in html
     assert html.count("<b>served</b>") == 3 and "mismatch" not in html

@@ -12,8 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import BIN, REPO, run_cli
+
 from harness import HarnessError, cli, reward
 from harness.inputs import build_reward, resolve_reward
 from harness.io import record_hash, sha256_file, sha256_tree, write_json
@@ -22,7 +22,7 @@ from harness.reward_server import RewardServer, wait_healthy
 from harness.shared_reward import SharedReward, load_shared_reward, rule_identity
 
 sys.path.append(str(REPO / "benchmarks"))
-from reward_server import tiny_reward_model  # noqa: E402  (the benchmark's stand-in checkpoint)
+from reward_server import tiny_reward_model
 
 RULE = load_shared_reward({"kind": "rule"})
 

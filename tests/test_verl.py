@@ -16,15 +16,15 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
 from conftest import REPO, run_cli
-from harness import HarnessError, reward
-from harness.frameworks import reward_serving
-from harness.inputs import resolve_reward
 from reward_inputs import direct_scores, model_reward_inputs, reward_server
+
+from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
 from harness.envs import ensure_env
+from harness.frameworks import reward_serving
 from harness.frameworks import verl as vr
+from harness.inputs import resolve_reward
 
 FIXTURES = REPO / "tests" / "fixtures" / "verl"
 RUN = FIXTURES / "run"
@@ -157,7 +157,7 @@ def test_console_lines_with_or_without_a_ray_prefix(tmp_path, prefix):
 
 def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     shutil.copy(RUN / "console.log", tmp_path / "console.log")
-    with pytest.raises(HarnessError, match="no plan.json beside it"):
+    with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
         vr.ingest([tmp_path / "console.log"], None)
     (tmp_path / "plan.json").write_text(json.dumps({"framework": "openrlhf", "framework_version": "x", "run_id": "r",
                                                     "seed": 1, "n_gpus": 8}))

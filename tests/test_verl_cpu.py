@@ -11,8 +11,8 @@ import re
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import REPO, run_cli, snakemake
+
 from harness import HarnessError, envs
 from harness.config import load_config
 from harness.envs import ensure_env

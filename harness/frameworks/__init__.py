@@ -8,9 +8,9 @@ not at all, for the reason `cpu_blocker` gives. Nothing outside this package kno
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 

@@ -21,21 +21,32 @@ path hands token ids across models, so no tokenizer has to match.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import pandas as pd
 
 from harness import HarnessError, metrics
-from harness.envs import REPO, env_command, ensure_env
-from harness.frameworks import (IDENTITY, Adapter, dschat_launcher, environment, get_adapter, on_cpu,
-                                register_framework, reward_serving, run_plan)
+from harness.envs import REPO, ensure_env, env_command
+from harness.frameworks import (
+    IDENTITY,
+    Adapter,
+    dschat_launcher,
+    environment,
+    get_adapter,
+    on_cpu,
+    register_framework,
+    reward_serving,
+    run_plan,
+)
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -103,10 +114,10 @@ def split_sizes(data_split: str, size: int) -> list[int]:
     total = sum(splits)
     index = [0]
     for s in splits:
-        index.append(index[-1] + int(round(s / total * float(size))))
+        index.append(index[-1] + round(s / total * float(size)))
     diff = index[-1] - size
     index = [index[0]] + [i - diff for i in index[1:]]
-    return [b - a for a, b in zip(index, index[1:])]
+    return [b - a for a, b in itertools.pairwise(index)]
 
 
 def _batches(rows: int, world: int, batch: int) -> int:
@@ -283,7 +294,7 @@ def _launch_script(argv: list[str], checkout: Path, reward_server: str | None, e
     """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
     the server after it, so the deepspeed launcher runs as a child instead of replacing the shell."""
     lines = [[_shell_word(argv[0])]]
-    for prev, arg in zip(argv, argv[1:]):  # one option (with its value) per line
+    for prev, arg in itertools.pairwise(argv):  # one option (with its value) per line
         if arg.startswith("-") or not prev.startswith("-"):
             lines.append([])
         lines[-1].append(_shell_word(arg))
@@ -365,7 +376,7 @@ def _deviations(config: dict) -> list[dict]:
 def _hyperparameters(config: dict, seed: int, settings: dict) -> list[dict]:
     rc = config["remax"]
 
-    def h(key, shared, framework_key, effective):
+    def h(key: str, shared: object, framework_key: str, effective: object) -> dict:
         return {"key": key, "shared": shared, "framework_key": framework_key, "effective": effective}
 
     return [
@@ -410,6 +421,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         host, port = _served_at(config)
         server = reward_serving.server_block(config, inputs_dir, reward, host=host, port=port)
     env = environment(get_adapter(NAME), config)
+    assert env is not None  # DeepSpeed-Chat always runs in an environment of its own
     argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward, env)
     env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 # torch >= 2.6 loads only weights by default; DeepSpeed-Chat caches its datasets as pickled objects
@@ -472,7 +484,8 @@ def parse_printed(path: Path) -> list[dict]:
     with open(path, errors="replace") as f:
         for lineno, raw in enumerate(f, 1):
             line = raw.rstrip("\n")
-            body = line[_PREFIX.match(line).end():].rstrip()
+            prefix = _PREFIX.match(line)  # matches every line (the prefix is optional)
+            body = line[prefix.end() if prefix else 0:].rstrip()
             kind = next((k for k, (start, _) in PRINTED.items() if body.startswith(start)), None)
             if kind is None:
                 continue
@@ -481,7 +494,7 @@ def parse_printed(path: Path) -> list[dict]:
                 raise HarnessError(f"{path}:{lineno}: garbled DeepSpeed-Chat line (not in perf.py/main.py's format): "
                                    f"{line[:200]!r}")
             seen = list(steps[-1]) if steps else []
-            follows = kind == "e2e" and (not seen or len(seen) >= 3) or seen == list(_ORDER[:_ORDER.index(kind)])
+            follows = (kind == "e2e" and (not seen or len(seen) >= 3)) or seen == list(_ORDER[:_ORDER.index(kind)])
             if not follows:
                 raise HarnessError(f"{path}:{lineno}: {PRINTED[kind][0]!r} line out of order (after "
                                    f"{', '.join(PRINTED[k][0] for k in seen) or 'nothing'} in this step)")
@@ -565,7 +578,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         entry["paths"].append(path)
         (entry["json"] if _is_json_lines(path) else entry["printed"]).append(path)
     frames = []
-    for run, entry in by_run.items():
+    for entry in by_run.values():
         ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in IDENTITY}
         planned_gpus = ident.pop("n_gpus")
         gpus = n_gpus if n_gpus is not None else planned_gpus or 0
@@ -675,7 +688,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     except HarnessError as e:
         return pd.DataFrame([{"framework": NAME, "case": name, "max_abs_diff": math.nan, "verdict": "not run",
                               "note": str(e)} for name in cases])
-    payload = {name: {"case": case, "gamma": g,
+    payload: dict[str, dict[str, Any]] = {name: {"case": case, "gamma": g,
                       "scores": case.get("scores") or [sum(r) for r in case["token_scores"]]}
                for name, (case, g) in cases.items()}
     proc = subprocess.run([str(ensure_env(CPU_ENV)), "-c", _CONFORMANCE_SCRIPT, str(checkout)],

@@ -6,7 +6,8 @@ Started by the `deepspeed` launcher in the dschat environment, once per rank, as
         [--reward-url URL] [--generation-length natural|fixed] [--greedy-eval on|off] MAIN.py's own arguments...
 
 (every argument that is not the launcher's, and the `--local_rank=R` that the `deepspeed` launcher inserts, goes to
-main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a script, not a
+main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a
+script, not a
 module of the harness package: the dschat environment holds DeepSpeed 0.10.3 and transformers 4.31, not the
 harness's dependencies, so it imports only `harness.reward` (no dependencies) from the harness.
 
@@ -42,11 +43,19 @@ import time
 import types
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the dschat environment's packages, for annotations only: nothing here is imported at run time
+    import torch
+    from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
+    from remax_trainer import DeepSpeedReMaxTrainer
+    from rlhf_engine import DeepSpeedRLHFEngine
+    from transformers import PreTrainedTokenizerBase
 
 # The harness checkout this file lives in: `harness.reward` is imported from it, whatever PYTHONPATH says.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness import reward as shared_reward  # noqa: E402
+from harness import reward as shared_reward
 
 _SUMMED = ("tokens_prompt", "tokens_response", "tokens_baseline", "n_samples", "reward_sum", "n_rewards",
            "baseline_sum", "n_baselines", "kl_sum", "n_kl")
@@ -65,7 +74,7 @@ def normalize_prompt(text: str) -> str:
     return " ".join(text.split())
 
 
-def _stop_ids(module, pad_token_id) -> set[int]:
+def _stop_ids(module: torch.nn.Module, pad_token_id: int | None) -> set[int]:
     eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
     ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     if pad_token_id is not None:
@@ -73,7 +82,7 @@ def _stop_ids(module, pad_token_id) -> set[int]:
     return ids
 
 
-def response_lengths(response, stop_ids: set[int]) -> list[int]:
+def response_lengths(response: torch.Tensor, stop_ids: set[int]) -> list[int]:
     """Tokens of each response up to and including the first EOS/pad (as DeepSpeed-Chat's action mask counts them)."""
     out = []
     for row in response.tolist():
@@ -85,14 +94,14 @@ def response_lengths(response, stop_ids: set[int]) -> list[int]:
 class StepRecorder:
     """Collects one training iteration's timings and counts from the wrapped calls; rank 0 writes its JSON line."""
 
-    def __init__(self, steps_log: str | os.PathLike | None):
+    def __init__(self, steps_log: str | os.PathLike | None) -> None:
         self.steps_log = Path(steps_log) if steps_log else None
         self.step = 0
         self.window: dict | None = None
 
     # A window is one training iteration: from generate_experience(training_mode=True) to the optimizer step.
     def open(self) -> None:
-        self.window = {k: 0.0 for k in _SUMMED + _MAXED}
+        self.window = dict.fromkeys(_SUMMED + _MAXED, 0.0)
         self.window["t0"] = _synchronized_now()
         self.window["reward_calls"] = 0
 
@@ -149,7 +158,7 @@ class StepRecorder:
         return record
 
     @staticmethod
-    def _reduce(summed: list[float], maxed: list[float]):
+    def _reduce(summed: list[float], maxed: list[float]) -> tuple[list[float], list[float], int]:
         import torch
         import torch.distributed as dist
 
@@ -175,20 +184,24 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None, fixed_length: bool = False) -> None:
+def wrap_hybrid_engine(recorder: StepRecorder, engine_cls: type[DeepSpeedHybridEngine] | None = None,
+                       fixed_length: bool = False) -> None:
     """Time DeepSpeedHybridEngine's eval/train/generate/step on the class (call before deepspeed.initialize);
     with fixed_length, every generate() call is held to its max_length (Transformers' min_length)."""
     if engine_cls is None:
-        from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine as engine_cls
-    orig = {name: getattr(engine_cls, name) for name in ("eval", "train", "generate", "step", "create_inference_module")}
+        from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
-    def eval_(self):
+        engine_cls = DeepSpeedHybridEngine
+    wrapped = ("eval", "train", "generate", "step", "create_inference_module")
+    orig = {name: getattr(engine_cls, name) for name in wrapped}
+
+    def eval_(self: DeepSpeedHybridEngine) -> None:
         t = _synchronized_now()
         out = orig["eval"](self)
         recorder.add("switch_to_generate", _synchronized_now() - t)
         return out
 
-    def train_(self, mode=True):
+    def train_(self: DeepSpeedHybridEngine, mode: bool = True) -> None:
         t = _synchronized_now()
         out = orig["train"](self, mode)
         # Only the switch back after this iteration's generation counts; main.py also calls train() elsewhere.
@@ -196,7 +209,7 @@ def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None, fixed_length: bo
             recorder.add("switch_to_train", _synchronized_now() - t)
         return out
 
-    def generate(self, *inputs, **kwargs):
+    def generate(self: DeepSpeedHybridEngine, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         prompt = inputs[0] if inputs else kwargs["input_ids"]
         if fixed_length:
             kwargs = {**kwargs, "min_length": kwargs["max_length"]}
@@ -217,12 +230,12 @@ def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None, fixed_length: bo
                 recorder.add("tokens_baseline", float(sum(lengths)))
         return seq
 
-    def step(self, *args, **kwargs):
+    def step(self: DeepSpeedHybridEngine, *args: Any, **kwargs: Any) -> None:
         out = orig["step"](self, *args, **kwargs)
         recorder.close(_synchronized_now())
         return out
 
-    def create_inference_module(self):
+    def create_inference_module(self: DeepSpeedHybridEngine) -> None:
         orig["create_inference_module"](self)
         # DeepSpeed routes the module's generate() through the engine only when it built inference containers
         # for the model; otherwise generation runs the model's own generate() and the engine never sees it.
@@ -236,11 +249,12 @@ def wrap_hybrid_engine(recorder: StepRecorder, engine_cls=None, fixed_length: bo
     engine_cls.create_inference_module = create_inference_module
 
 
-def wrap_trainer(recorder: StepRecorder, trainer_cls) -> None:
+def wrap_trainer(recorder: StepRecorder, trainer_cls: type[DeepSpeedReMaxTrainer]) -> None:
     """Mark training iterations (generate_experience with training_mode=True) and measure their KL."""
     orig = trainer_cls.generate_experience
 
-    def generate_experience(self, prompts, mask, step, print_answers=False, training_mode=True):
+    def generate_experience(self: DeepSpeedReMaxTrainer, prompts: torch.Tensor, mask: torch.Tensor, step: int,
+                            print_answers: bool = False, training_mode: bool = True) -> dict[str, torch.Tensor | None]:
         if training_mode:
             recorder.open()
         out = orig(self, prompts, mask, step, print_answers=print_answers, training_mode=training_mode)
@@ -254,7 +268,8 @@ def wrap_trainer(recorder: StepRecorder, trainer_cls) -> None:
     trainer_cls.generate_experience = generate_experience
 
 
-def sequence_kl(logprobs, ref_logprobs, attention_mask, prompt_length: int):
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, attention_mask: torch.Tensor,
+                prompt_length: int) -> torch.Tensor:
     """Per response: sum over its tokens of log p - log p_ref (k1), the common schema's kl_mean before the mean.
 
     logprobs[:, t] scores token t + 1 (DeepSpeed-Chat's gather_log_probs on logits[:, :-1]).
@@ -267,7 +282,8 @@ def sequence_kl(logprobs, ref_logprobs, attention_mask, prompt_length: int):
 class SharedReward:
     """Stands in for DeepSpeed-Chat's reward engine: `forward_value(...)["chosen_end_scores"]` is the shared reward."""
 
-    def __init__(self, tokenizer, dataset_path: str | os.PathLike, recorder: StepRecorder, reward_url: str | None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, dataset_path: str | os.PathLike, recorder: StepRecorder,
+                 reward_url: str | None) -> None:
         self.tokenizer = tokenizer
         self.recorder = recorder
         self.reward_url = reward_url
@@ -277,13 +293,14 @@ class SharedReward:
                 row = json.loads(line)
                 self.answers[normalize_prompt(row["prompt"])] = (row["prompt"], row["answer"])
 
-    def eval(self):
+    def eval(self) -> SharedReward:
         return self
 
-    def train(self, mode=True):
+    def train(self, mode: bool = True) -> SharedReward:
         return self
 
-    def forward_value(self, input_ids, attention_mask=None, prompt_length=0, **_):
+    def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, prompt_length: int = 0,
+                      **_: Any) -> dict[str, torch.Tensor]:
         import torch
 
         pad = self.tokenizer.pad_token_id
@@ -347,7 +364,7 @@ def install_cpu_layer() -> None:
     sys.modules.setdefault("transformers.deepspeed", transformers.integrations.deepspeed)
     cpu = torch.device("cpu")
     torch.cuda.set_device = lambda device: None
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self.to(cpu)
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self.to(cpu)  # type: ignore[method-assign]  # the CPU layer
 
     import rlhf_engine
     import utils.utils
@@ -355,7 +372,8 @@ def install_cpu_layer() -> None:
     to_device = utils.utils.to_device
     utils.utils.to_device = lambda batch, device: to_device(batch, cpu)
 
-    def adamw(params, lr, betas, **kwargs):
+    def adamw(params: list[dict[str, Any]], lr: float, betas: tuple[float, float],
+              **kwargs: Any) -> torch.optim.AdamW:
         # Without LoRA one of the ReMax code's parameter groups is empty; ZeRO drops it from the optimizer, and
         # torch >= 2.6's scheduler (strict zip) then fails on the group count; torch 2.0's ignored the mismatch.
         return torch.optim.AdamW([g for g in params if g["params"]], lr=lr, betas=betas)
@@ -366,7 +384,8 @@ def install_cpu_layer() -> None:
     # file cannot do; save_pretrained writes the same tokenizer files.
     save_hf_format = utils.utils.save_hf_format
 
-    def save_hf_format_t5(model, tokenizer, args, sub_folder=""):
+    def save_hf_format_t5(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace,
+                          sub_folder: str = "") -> None:
         save_hf_format(model, types.SimpleNamespace(save_vocabulary=tokenizer.save_pretrained), args, sub_folder)
 
     utils.utils.save_hf_format = save_hf_format_t5
@@ -379,14 +398,14 @@ def install(recorder: StepRecorder, dataset: str, reward_url: str | None, fixed_
 
     if get_accelerator().device_name() == "cpu":
         install_cpu_layer()
-    import rlhf_engine
     import remax_trainer
+    import rlhf_engine
     from utils.data import raw_datasets
 
     wrap_hybrid_engine(recorder, fixed_length=fixed_length)
     wrap_trainer(recorder, remax_trainer.DeepSpeedReMaxTrainer)
 
-    def init_reward(self, reward_model_name_or_path):
+    def init_reward(self: DeepSpeedRLHFEngine, reward_model_name_or_path: str) -> SharedReward:
         return SharedReward(self.tokenizer, dataset, recorder, reward_url)
 
     rlhf_engine.DeepSpeedRLHFEngine._init_reward = init_reward
@@ -401,7 +420,7 @@ LAUNCHER_OPTIONS = ("--main", "--steps-log", "--dataset", "--reward-url", "--gen
                     "--greedy-eval")  # one value each
 
 
-def parse_args(argv: list[str]):
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The launcher's own options; everything else (with the launcher-inserted --local_rank) is main.py's."""
     p = argparse.ArgumentParser(prog="dschat_launcher", allow_abbrev=False)
     p.add_argument("--main", required=True, help="step3_rlhf_finetuning/main.py of the ReMax checkout")
@@ -439,10 +458,11 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def flag(name):
+    def flag(name: str) -> str:
         return main_args[main_args.index(name) + 1]
 
-    rows = [r for r in map(json.loads, open(dataset)) if r["split"] == "eval"]
+    with open(dataset) as f:
+        rows = [r for r in map(json.loads, f) if r["split"] == "eval"]
     max_new = int(flag("--max_answer_seq_len"))
     tokenizer = AutoTokenizer.from_pretrained(flag("--actor_model_name_or_path"))
     tokenizer.padding_side = "left"
@@ -460,8 +480,8 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
                                          min_new_tokens=max_new if fixed_length else None,
                                          pad_token_id=tokenizer.pad_token_id)
             responses = out_ids[:, enc["input_ids"].shape[1]:]
-            texts = [tokenizer.decode(r[:n], skip_special_tokens=True)
-                     for r, n in zip(responses.tolist(), response_lengths(responses, stops))]
+            texts: list[str] = [tokenizer.decode(r[:n], skip_special_tokens=True)
+                                for r, n in zip(responses.tolist(), response_lengths(responses, stops))]
             hits += sum(shared_reward.correct(t, r["answer"]) for t, r in zip(texts, batch))
             total += sum(scorer._score([r["prompt"] for r in batch], texts, [r["answer"] for r in batch]))
         return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}

@@ -28,8 +28,9 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -58,7 +59,7 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
     rc, oc, lc = config["remax"], config["openrlhf"], config["launch"]
     gpus = lc["gpus_per_node"]
     samples = rc["train_batch_size"] * rc["rollout_n"]
-    hyper = [
+    hyper: list[dict] = [
         {"key": "policy.path", "shared": policy, "framework_key": "actor.model_name_or_path", "effective": policy},
         {"key": "seeds", "shared": seed, "framework_key": "train.seed (DeepSpeed/transformers seed, data shuffle; "
          "vLLM engine i gets seed + i)", "effective": seed},
@@ -134,7 +135,8 @@ def _check_launch(config: dict) -> None:
     if samples % per_step:
         raise HarnessError(f"config: at openrlhf.train_micro_batch_size: remax.train_batch_size x remax.rollout_n = "
                            f"{samples} samples must split into micro-batches of {oc['train_micro_batch_size']} on "
-                           f"each of {lc['gpus_per_node']} GPUs (DeepSpeed's train batch = micro x accumulation x GPUs)")
+                           f"each of {lc['gpus_per_node']} GPUs "
+                           "(DeepSpeed's train batch = micro x accumulation x GPUs)")
 
 
 LAUNCH = """#!/usr/bin/env bash
@@ -198,7 +200,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         })
 
 
-def _sh(value) -> str:
+def _sh(value: object) -> str:
     return shlex.quote(str(value))
 
 
@@ -217,7 +219,7 @@ REQUIRED = ("timing/generation", "timing/ppo_train", "timing/broadcast", "timing
             "rollout/reward_mean", "rollout/response_length_mean", "response_length", "total_length", "remax_baseline")
 
 
-def _literal(text: str):
+def _literal(text: str) -> Any:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
@@ -285,7 +287,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------------- environments
 
-def _run(cmd: list, what: str, **kw) -> subprocess.CompletedProcess:
+def _run(cmd: list, what: str, **kw: Any) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     if proc.returncode:
         raise HarnessError(f"{what} failed (exit {proc.returncode}):\n" + (proc.stdout + proc.stderr)[-3000:])
@@ -300,7 +302,7 @@ def ensure_validate_env(root: Path | None = None) -> Path:
     return python
 
 
-def run_validate(python: Path, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_validate(python: Path, *args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """openrlhf_remax/validate.py in an OpenRLHF environment, with the GPU-only stand-ins and the harness importable."""
     env = {**os.environ, "PYTHONPATH": f"{STUBS}:{envs.REPO}"}
     return subprocess.run([str(python), str(REMAX_DIR / "validate.py"), *map(str, args)], capture_output=True,

@@ -18,6 +18,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from harness.io import atomic_path, write_json
 from harness.manifest import build_manifest
 from harness.policy import load_policy, seed_everything
 from harness.shared_reward import SharedReward, load_shared_reward
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -70,7 +74,7 @@ class _Clock:
                 ticks = [int(v) for v in f.readline().split()[1:9]]
         except (OSError, ValueError):
             return None
-        user, nice, system, idle, iowait, irq, softirq, steal = ticks
+        user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
         return (user + nice + system + irq + softirq + steal) / _TICKS_PER_S
 
     def probe(self) -> float | None:
@@ -104,7 +108,8 @@ def _peak(device: torch.device, model: Decoder) -> dict | None:
                                                   "torch thread(s)"}
 
 
-def _generate(rollout: Decoder, tokenizer, prompts: list[str], *, n: int, greedy: bool, remax_cfg: dict, device):
+def _generate(rollout: Decoder, tokenizer: PreTrainedTokenizerBase, prompts: list[str], *, n: int, greedy: bool,
+              remax_cfg: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded prompt ids and mask, and the responses: n sampled per prompt, then one greedy per prompt."""
     enc = tokenizer(prompts, padding=True, return_tensors="pt").to(device)
     response = generate(rollout, enc["input_ids"], enc["attention_mask"], n=n, greedy=greedy,
@@ -119,14 +124,14 @@ def fixed_length_tokens(remax_cfg: dict) -> int:
     return remax_cfg["max_response_length"] if remax_cfg["generation_length"] == "fixed" else 0
 
 
-def _decode(tokenizer, response: torch.Tensor, mask: torch.Tensor) -> list[str]:
+def _decode(tokenizer: PreTrainedTokenizerBase, response: torch.Tensor, mask: torch.Tensor) -> list[str]:
     # The mask is a prefix of each row (up to and including EOS), so a row's text is its first mask.sum() tokens.
     return tokenizer.batch_decode([r[:n] for r, n in zip(response.tolist(), mask.sum(-1).long().tolist())],
                                   skip_special_tokens=True)
 
 
-def evaluate(model, tokenizer, rows: list[dict], remax_cfg: dict, batch_size: int, device,
-             shared: SharedReward) -> dict:
+def evaluate(model: Decoder, tokenizer: PreTrainedTokenizerBase, rows: list[dict], remax_cfg: dict, batch_size: int,
+             device: torch.device, shared: SharedReward) -> dict:
     """Greedy accuracy (the task's truth) and mean shared reward on `rows` (untimed; not part of any step)."""
     hits, total = 0, 0.0
     for i in range(0, len(rows), batch_size):
@@ -148,7 +153,7 @@ def _busy_wait(seconds: float) -> None:
 
 
 @torch.no_grad()
-def _sync_weights(src, dst) -> None:
+def _sync_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
     for p_dst, p_src in zip(dst.parameters(), src.parameters()):
         p_dst.copy_(p_src)
 
@@ -206,8 +211,9 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
         ))
 
 
-def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clock, device, slowdown,
-               shared: SharedReward) -> dict:
+def _iteration(step: int, batch: list[dict], trainer: Decoder, rollout: Decoder, ref: Decoder,
+               tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer, rc: dict, clock: _Clock,
+               device: torch.device, slowdown: float, shared: SharedReward) -> dict:
     n = rc["rollout_n"]
     prompts = [r["prompt"] for r in batch]
     t_start, cpu_start, busy_start = clock.now(), clock.cpu_now(), clock.machine_busy()
@@ -254,7 +260,7 @@ def _iteration(step, batch, trainer, rollout, ref, tokenizer, optimizer, rc, clo
     return {
         "step": step,
         "time_step_s": t_end - t_start,
-        "time_step_cpu_s": None if cpu_start is None else cpu_end - cpu_start,
+        "time_step_cpu_s": None if cpu_start is None or cpu_end is None else cpu_end - cpu_start,
         "time_machine_busy_s": None if busy_start is None or busy_end is None else busy_end - busy_start,
         "time_probe_s": probe,
         "time_gen_s": t_gen - t_start,

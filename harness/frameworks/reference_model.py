@@ -12,11 +12,16 @@ the rollout model receives in the transition.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias, cast
+
 import torch
 import torch.nn.functional as F
 
 from harness import HarnessError
 from harness.policy import position_ids
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # Decoders whose layers are exactly: RMSNorm, rotary attention (grouped-query, optional q/k/v/o biases), RMSNorm,
 # SiLU-gated MLP (optional biases). Mistral-style sliding windows are not implemented.
@@ -30,8 +35,12 @@ _PACKING = {
     "down": ("mlp.down_proj",),
 }
 
+# What `Decoder.forward` returns beside the logits and takes back as `past`: per layer (keys, values), and which of
+# its positions are real tokens.
+Context: TypeAlias = tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
 
-def _check_family(config) -> None:
+
+def _check_family(config: PretrainedConfig) -> None:
     if config.model_type not in FAMILY:
         problems = [f"model_type {config.model_type!r} is not one of {', '.join(FAMILY)}"]
     else:
@@ -45,7 +54,9 @@ def _check_family(config) -> None:
 class Decoder(torch.nn.Module):
     """Packed copy of a Transformers Llama-family causal LM; `forward` runs new tokens against cached ones."""
 
-    def __init__(self, model):
+    inv_freq: torch.Tensor
+
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         config = model.config
         _check_family(config)
@@ -58,7 +69,7 @@ class Decoder(torch.nn.Module):
         self.register_buffer("inv_freq", base.rotary_emb.inv_freq.detach().clone(), persistent=False)
         self.rope_scale = float(base.rotary_emb.attention_scaling)
 
-        def param(*tensors):
+        def param(*tensors: torch.Tensor) -> torch.nn.Parameter:
             return torch.nn.Parameter(torch.cat([t.detach() for t in tensors]).clone())
 
         self.embed = param(base.embed_tokens.weight)
@@ -75,15 +86,15 @@ class Decoder(torch.nn.Module):
                     packed[name + "_bias"] = param(*(m.bias for m in modules))
             self.layers.append(packed)
 
-    def _rope(self, positions: torch.Tensor):
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Angles in float32 whatever the weights' dtype, then cast, as Transformers does.
         freqs = positions[..., None].float() * self.inv_freq
         angles = torch.cat((freqs, freqs), -1)[:, :, None]
         dtype = self.embed.dtype
         return (angles.cos() * self.rope_scale).to(dtype), (angles.sin() * self.rope_scale).to(dtype)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, past=None,
-                last_only: bool = False):
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, past: Context | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, Context]:
         """Logits of `tokens` (rows, T), or of the last of them only (`last_only`), and the context after them.
 
         The new tokens attend causally among themselves and to every valid token of `past` (the context an earlier
@@ -100,7 +111,7 @@ class Decoder(torch.nn.Module):
         cos, sin = self._rope(positions)
         h = F.embedding(tokens, self.embed)
         kv = []
-        for layer, cached in zip(self.layers, past_kv):
+        for layer, cached in zip(cast("list[torch.nn.ParameterDict]", self.layers), past_kv):
             x = F.rms_norm(h, h.shape[-1:], layer["norm_attn"], self.eps)
             qkv = F.linear(x, layer["qkv"], layer.get("qkv_bias")).view(rows, width, -1, self.head_dim)
             rotated = self.heads + self.kv_heads  # queries and keys, rotated together
@@ -118,18 +129,19 @@ class Decoder(torch.nn.Module):
         return F.linear(h, self.embed if self.head is None else self.head), (kv, keys_valid)
 
 
-def _rotate(x, cos, sin):
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, -1)
     return x * cos + torch.cat((-x2, x1), -1) * sin
 
 
-def _take(context, rows: torch.Tensor):
+def _take(context: Context, rows: torch.Tensor) -> Context:
     """The context of each of `rows` (indices of the rows it was computed for): a prompt's keys and values, shared."""
     kv, valid = context
     return [(k[rows], v[rows]) for k, v in kv], valid[rows]
 
 
-def _prefill(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, rows: torch.Tensor):
+def _prefill(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor,
+             rows: torch.Tensor) -> tuple[torch.Tensor, Context, torch.Tensor]:
     """Run each prompt once; return, per row of `rows` (prompt indices), its last logits, context and next position."""
     positions = position_ids(attn)
     logits, context = decoder(ids, positions, attn.bool(), last_only=True)

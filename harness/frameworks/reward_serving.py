@@ -16,7 +16,6 @@ import shlex
 import sys
 from pathlib import Path
 
-
 SCORED_BY = ("served", "native", "in-process")
 URL_VAR = "REMAX_BENCH_REWARD_URL"  # the served reward's URL, exported by launch.sh to the framework's processes
 HEALTH_TIMEOUT_S = 600  # a 7B reward model loads in minutes, not seconds

@@ -42,15 +42,15 @@ import os
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import pandas as pd
 
 from harness import HarnessError, metrics, task
-from harness.envs import REPO, env_check, env_command, ensure_env
-from harness.frameworks import (IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, reward_serving,
-                                run_plan)
+from harness.envs import REPO, ensure_env, env_check, env_command
+from harness.frameworks import IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, reward_serving, run_plan
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 
@@ -83,7 +83,7 @@ SEED_KEYS = (
 )
 
 
-def _hydra_value(value) -> str:
+def _hydra_value(value: object) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, (list, tuple)):
@@ -222,7 +222,7 @@ FIXED_LENGTH_DEVIATION = {
 # GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
 # deviations, so the report's fairness table shows them beside the figures.
 CPU_ENV = "verl-cpu"
-CPU_SETTINGS = [
+CPU_SETTINGS: list[dict[str, Any]] = [
     {"overrides": ["+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8"],
      "key": "Ray resources", "gpu": "the node's GPUs", "effective": "one pretend GPU, 8 logical CPUs",
      "cause": "verl's resource pool asks Ray for a GPU per worker and would wait forever without one; the logical "
@@ -266,7 +266,7 @@ CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 def _policy_head_dim(policy_dir: str | Path) -> int | None:
     cfg = json.loads((Path(policy_dir) / "config.json").read_text())
-    if "head_dim" in cfg and cfg["head_dim"]:
+    if cfg.get("head_dim"):
         return int(cfg["head_dim"])
     if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
         return cfg["hidden_size"] // cfg["num_attention_heads"]

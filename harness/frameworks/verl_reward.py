@@ -18,6 +18,8 @@ a plain number, verl would report that number as "acc" (reward_loop/reward_manag
   the requests of a batch reach the server together, where they are scored in shared forward passes.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
@@ -25,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 # Loaded by path in verl's own environment, where the harness is not installed: make the checkout importable.
 # harness.reward (and harness/__init__) import nothing outside the standard library.
@@ -40,19 +43,21 @@ BUSY = (429, 503)  # the server's answer while its queue is full: wait and ask a
 BUSY_DEADLINE_S = 600
 
 
-def _prompt(data_source, extra_info) -> str:
+def _prompt(data_source: str, extra_info: dict[str, Any] | None) -> str:
     if not extra_info or "prompt" not in extra_info:
         raise ValueError(f"{data_source}: extra_info lacks 'prompt' "
                          "(was the parquet written by `remax-bench plan verl`?)")
     return extra_info["prompt"]
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None,
+                  **kwargs: Any) -> dict[str, float]:
     return {"score": score(_prompt(data_source, extra_info), solution_str, ground_truth),
             "acc": float(correct(solution_str, ground_truth))}
 
 
-def compute_score_served(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+def compute_score_served(data_source: str, solution_str: str, ground_truth: str,
+                         extra_info: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, float]:
     url = os.environ.get(URL_VAR)
     if not url:
         raise RuntimeError(f"${URL_VAR} is not set: run verl through the planned launch.sh, which starts the shared "

@@ -1,4 +1,5 @@
-"""ReMax rollouts for OpenRLHF 0.11.2: the agent executor loaded by `--train.agent_func_path` in each vLLM rollout actor.
+"""ReMax rollouts for OpenRLHF 0.11.2: the agent executor loaded by `--train.agent_func_path` in each vLLM rollout
+actor.
 
 Per sample OpenRLHF calls `AgentExecutor.execute` (n times per prompt, concurrently, from
 `RolloutRayActor.generate_responses`). Each call generates the sample with the given sampling parameters and, once
@@ -27,7 +28,6 @@ from copy import deepcopy
 from pathlib import Path
 
 import aiohttp
-
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 
 CONFIG = Path(__file__).with_name("remax_agent.json")
@@ -85,14 +85,14 @@ class AgentExecutor(SingleTurnAgentExecutor):
         last = None
         for _ in range(TRIES):
             try:
-                async with aiohttp.ClientSession(timeout=timeout) as session:
-                    async with session.post(self.reward_url, json=payload) as resp:
-                        body = await resp.json(content_type=None)
-                        if 400 <= resp.status < 500:  # the request itself is wrong: asking again cannot help
-                            raise RewardRequestError(f"reward server {self.reward_url} refused the request "
-                                                     f"(HTTP {resp.status}): {body.get('error', body)}")
-                        resp.raise_for_status()
-                        return float(body["rewards"][0])
+                async with aiohttp.ClientSession(timeout=timeout) as session, \
+                        session.post(self.reward_url, json=payload) as resp:
+                    body = await resp.json(content_type=None)
+                    if 400 <= resp.status < 500:  # the request itself is wrong: asking again cannot help
+                        raise RewardRequestError(f"reward server {self.reward_url} refused the request "
+                                                 f"(HTTP {resp.status}): {body.get('error', body)}")
+                    resp.raise_for_status()
+                    return float(body["rewards"][0])
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:
                 last = e
                 await asyncio.sleep(1)

@@ -30,8 +30,10 @@ MARKER = "# remax-bench: remax estimator"
 
 EDITS = {
     "cli/train_ppo_ray.py": [(
-        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce"],\n',
-        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce",\n'
+        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
+        '"flash_reinforce"],\n',
+        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
+        '"flash_reinforce",\n'
         f'                 "remax"],  {MARKER}\n',
     )],
     "trainer/ppo_utils/experience_maker.py": [

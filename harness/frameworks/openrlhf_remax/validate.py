@@ -31,9 +31,8 @@ class Captured(Exception):
 
 def parsed_args(argv):
     """The namespace train_ppo_ray builds from `argv`, captured before Ray would start."""
-    import ray
-
     import openrlhf.utils
+    import ray
 
     def capture(args):
         raise Captured(args)
@@ -60,7 +59,6 @@ def as_dict(ns):
 def remax_advantages(case, args):
     """Advantages from OpenRLHF's experience maker for one conformance case (one prompt per response)."""
     import torch
-
     from openrlhf.trainer.ppo_utils.experience import Experience
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
