@@ -7,7 +7,7 @@ temporary directory): the same policy checkpoint, the same batches of prompts, n
 response per prompt, the shared reward, a reference-policy forward for the KL penalty, one REINFORCE update, the
 copy of the new weights into the rollout model. The plain loop is what a ReMax loop on Transformers looks like
 (`generate` for the sampled and for the greedy responses, full forwards of the reference and the trainer); the
-reference backend runs its own step (harness.frameworks.reference_backend._iteration). Each trains its own copy, in
+reference backend runs its own step (harness.frameworks.reference.backend._iteration). Each trains its own copy, in
 alternating rounds of --steps steps (so machine drift hits both alike), after --warmup untimed steps each.
 Tokens/s is the harness's definition (prompt + response tokens of the sampled rows, per step second). Prints the
 median tokens/s of each, the ratio per round and overall; exits 1 when the ratio is below 1.5 (issue #18's target).
@@ -30,13 +30,19 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import remax, task  # noqa: E402
+from harness import remax  # noqa: E402
 from harness.config import load_config  # noqa: E402
 from harness.frameworks import reference_backend  # noqa: E402
-from harness.frameworks.reference_model import Decoder  # noqa: E402
-from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs  # noqa: E402
-from harness.policy import load_policy, seed_everything, token_logprobs  # noqa: E402
-from harness.shared_reward import load_shared_reward  # noqa: E402
+from harness.frameworks.reference.model import Decoder  # noqa: E402
+from harness.inputs import (  # noqa: E402
+    build_dataset,
+    build_policy,
+    build_reward,
+    resolve_inputs,
+    task,
+)
+from harness.inputs.policy import load_policy, seed_everything, token_logprobs  # noqa: E402
+from harness.reward.shared import load_shared_reward  # noqa: E402
 
 TARGET = 1.5
 

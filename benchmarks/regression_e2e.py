@@ -36,7 +36,7 @@ from pathlib import Path
 from regression_power import DETECT_BY  # the night by which a lasting drop of about 5% must be caught
 
 REPO = Path(__file__).resolve().parents[1]
-# The fault, applied to harness/frameworks/reference_backend.py in the slower clone: right after the step's
+# The fault, applied to harness/frameworks/reference/backend.py in the slower clone: right after the step's
 # reference forward pass, another one over the first prompts of the batch (and their responses) whose result nobody
 # uses.
 ANCHOR = "        ref_logprobs = response_logprobs(ref, ids, attn, response, n)\n"
@@ -61,7 +61,7 @@ def slower_harness(root: Path, fraction: float) -> tuple[Path, str]:
     clone = root / "slower-harness"
     shutil.rmtree(clone, ignore_errors=True)
     subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(clone)], check=True)
-    target = clone / "harness" / "frameworks" / "reference_backend.py"
+    target = clone / "harness" / "frameworks" / "reference" / "backend.py"
     source = target.read_text()
     if source.count(ANCHOR) != 1:
         sys.exit(f"{target}: the reference forward pass the fault follows is not there once; update ANCHOR")

@@ -37,9 +37,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import reward, task  # noqa: E402
+from harness import reward  # noqa: E402
+from harness.inputs import task  # noqa: E402
 from harness.io import atomic_path  # noqa: E402
-from harness.reward_server import wait_healthy  # noqa: E402
+from harness.reward.server import wait_healthy  # noqa: E402
 
 TARGET_CLIENTS, TARGET_RPS, TARGET_P99_MS = 8, 1000.0, 50.0
 TASK = {"kind": "addition", "digits": 3, "n_train": 512, "n_eval": 0, "seed": 0}
@@ -53,7 +54,7 @@ def tiny_reward_model(dest: str | Path, *, hidden_size: int = 64, intermediate_s
     size, which a reward model trained here starts from. Its scores mean nothing: it exercises the serving path."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from harness.policy import seed_everything, train_tokenizer
+    from harness.inputs.policy import seed_everything, train_tokenizer
 
     tokenizer = train_tokenizer([r["prompt"] + r["answer"] for r in task.generate(TASK)], 64)
     seed_everything(seed)
@@ -84,7 +85,7 @@ def payloads(texts: int) -> list[dict]:
 def expected_rewards(bodies: list[dict], checkpoint: Path | None, device: str, batch_size: int) -> list[list[float]]:
     if checkpoint is None:
         return [[reward.score(p, r, a) for p, r, a in zip(b["prompts"], b["responses"], b["labels"])] for b in bodies]
-    from harness.reward_model import RewardModel
+    from harness.reward.model import RewardModel
 
     model = RewardModel(checkpoint, device=device, batch_size=batch_size)
     return [model.score(b["prompts"], b["responses"]) for b in bodies]

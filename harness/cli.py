@@ -1,4 +1,4 @@
-"""`remax-bench`: one subcommand per stage of the data flow (DESIGN.md); Snakemake rules are thin calls of these.
+"""`remax-bench`: one subcommand per stage of the data flow (docs/design.md); Snakemake rules are thin calls of these.
 
 Bad input exits 2 with a message naming the file, line or key; nothing partial is left as if complete.
 """
@@ -63,14 +63,14 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    from harness.launch import launch
+    from harness.runtime.launch import launch
 
     launch(args.plan_dir, args.out, args.timeout_min, _config(args))
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
-    from harness.metrics import write_metrics
+    from harness.results.metrics import write_metrics
 
     adapter = get_adapter(args.framework)
     logs = []
@@ -87,7 +87,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
 
 def cmd_summarize(args: argparse.Namespace) -> None:
     from harness.io import atomic_path
-    from harness.summarize import efficiency_of, summarize
+    from harness.results.summarize import efficiency_of, summarize
 
     config = _config(args)
     evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
@@ -105,8 +105,9 @@ def cmd_conformance(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
     from harness.io import atomic_path
 
-    checks = [c for fw in _config(args)["frameworks"] if (c := get_adapter(fw).conformance) is not None]
-    tables = [check() for check in checks]
+    config = _config(args)
+    checks = [c for fw in config["frameworks"] if (c := get_adapter(fw).conformance) is not None]
+    tables = [check(config) for check in checks]
     if not tables:
         raise HarnessError(f"{args.config}: no configured framework has a conformance check")
     table = pd.concat(tables, ignore_index=True)
@@ -116,8 +117,8 @@ def cmd_conformance(args: argparse.Namespace) -> None:
 
 
 def cmd_env(args: argparse.Namespace) -> None:
-    from harness.envs import ensure_env
     from harness.io import write_text
+    from harness.runtime.envs import ensure_env
 
     python = ensure_env(args.name)
     print(python)
@@ -127,7 +128,7 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 def cmd_image(args: argparse.Namespace) -> None:
     from harness.config import validate_config
-    from harness.container import build_image
+    from harness.runtime.container import build_image
 
     if args.json:
         try:
@@ -141,7 +142,7 @@ def cmd_image(args: argparse.Namespace) -> None:
 
 
 def cmd_serve_reward(args: argparse.Namespace) -> None:
-    from harness import reward_server
+    from harness.reward import server as reward_server
 
     if args.health_check:
         answer = reward_server.wait_healthy(args.health_check, args.timeout)
@@ -150,7 +151,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
         # Before torch loads OpenMP: its threads would otherwise spin while waiting for work, taking the cores the
         # server's request threads need (on a busy 2-core machine, 64 clients got 13 instead of ~500 requests/s).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        from harness.shared_reward import load_shared_reward
+        from harness.reward.shared import load_shared_reward
 
         reward_input = {"kind": "rule"}
         if args.inputs:  # imports torch: the rule server starts without it
@@ -166,7 +167,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
 
 
 def cmd_history_append(args: argparse.Namespace) -> None:
-    from harness.history import append
+    from harness.regression.history import append
 
     path, rows, new = append(args.results)
     print(f"{path}: {'appended' if new else 'already in the history, nothing written:'} {len(rows)} run(s) of "
@@ -182,7 +183,7 @@ def cmd_baseline_update(args: argparse.Namespace) -> None:
     import shlex
 
     from harness.io import write_json
-    from harness.regression import build_baseline
+    from harness.regression.check import build_baseline
 
     profile = args.profile
     if profile is None:
@@ -199,7 +200,7 @@ def cmd_baseline_update(args: argparse.Namespace) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness.regression import check, render_markdown, write_alerts
+    from harness.regression.check import check, render_markdown, write_alerts
 
     result = check(args.baseline, args.results)
     write_alerts(result, args.results)
@@ -210,7 +211,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from harness.config import load_config
     from harness.io import write_text
-    from harness.preflight import preflight, render
+    from harness.runtime.preflight import preflight, render
 
     rows = preflight(load_config(args.config), Path(args.results))
     text = render(rows)

@@ -6,7 +6,6 @@ The Snakefile and every CLI subcommand go through `validate_config`, so a bad ke
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,7 +96,3 @@ def load_config(path: str | Path) -> dict:
         raise HarnessError(f"{path}: not valid YAML: {e}") from None
     return validate_config(raw if raw is not None else {}, source=str(path))
 
-
-def config_hash(config: dict) -> str:
-    """Hash of the effective config (after defaults): two runs with equal hashes ran the same experiment."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]

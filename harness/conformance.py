@@ -3,17 +3,16 @@
 Each framework adapter runs its framework's own advantage code (imported from the installed framework, in the
 framework's environment) on these vectors and reports the difference from `reference_advantages` in one table
 (columns: framework, case, max_abs_diff, verdict, note) that the report shows. Differences are reported, not hidden.
-Vectors are plain lists so they cross process boundaries as JSON.
+Vectors are plain lists so they cross process boundaries as JSON. The frameworks' own environments import this
+module (OpenRLHF's validation, verl's), so it imports torch and harness.remax only: not the registry.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from harness import HarnessError
 from harness.remax import remax_advantages, token_level_rewards
 
 # Each case: 2-3 responses with masks (1 = response token incl. EOS), the task score per response (outcome cases)
@@ -61,14 +60,3 @@ def reference_advantages(case: dict) -> torch.Tensor:
     t = case_tensors(case)
     return remax_advantages(t["token_rewards"], t["baselines"], t["mask"])
 
-
-def require_baselines(prompt_ids: list[str], baselines: dict[str, float]) -> list[float]:
-    """Greedy baselines in prompt order; stop with a clear error before training if any prompt lacks one.
-
-    verl fails late on a missing baseline (KeyError/TypeError deep in the advantage step); the harness checks first.
-    """
-    missing = [p for p in prompt_ids if p not in baselines or baselines[p] is None or math.isnan(baselines[p])]
-    if missing:
-        raise HarnessError(f"greedy baseline missing for {len(missing)} prompt(s) (first: {missing[0]!r}); "
-                           "ReMax needs one greedy reward per prompt before the advantage step")
-    return [float(baselines[p]) for p in prompt_ids]

@@ -119,3 +119,10 @@ def verify_hash(path: str | os.PathLike) -> str:
             "the input was changed or corrupted after it was built: rebuild it"
         )
     return actual
+
+
+def config_hash(config: dict) -> str:
+    """Hash of an effective config (after defaults): two runs with equal hashes ran the same experiment. Here, not
+    in harness.config, so that the manifest (written by every run) does not import the config's validation, which
+    asks the framework registry for the known names."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]

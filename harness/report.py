@@ -1,7 +1,7 @@
 """Comparison report from a results directory: one self-contained HTML page, plus tables and figures for papers.
 
 Every planned run (config frameworks x seeds) is listed as ok, failed or not run; a failed or missing run never
-stops the report. Per-run figures come from the common-schema metrics (after warm-up, harness.summarize); the
+stops the report. Per-run figures come from the common-schema metrics (after warm-up, harness.results.summarize); the
 per-framework view is the median over seeds with the min-max spread.
 """
 
@@ -29,8 +29,8 @@ import yaml
 from harness import HarnessError
 from harness.config import validate_config
 from harness.io import atomic_path, read_json_object, write_text
-from harness.metrics import FRAMEWORK_THROUGHPUT, read_metrics
-from harness.summarize import by_framework, edge_means, efficiency_of, read_eval, summarize_run
+from harness.results.metrics import FRAMEWORK_THROUGHPUT, read_metrics
+from harness.results.summarize import by_framework, edge_means, edge_window, efficiency_of, read_eval, summarize_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from harness.frameworks import Adapter
 
 CLAIMS_PATH = Path(__file__).resolve().parents[1] / "workflows" / "report" / "claims.yaml"
-# Fraction of a run's steps averaged for its final reward (harness.summarize.edge_means) and for the
-# trailing mean that decides when a run reached the time-to-reward target.
-EDGE_FRACTION = 0.1
 LOG_TAIL_LINES = 30
 PARTS = (("time_gen_s", "generation"), ("time_transition_s", "transition"), ("time_train_s", "training"))
 
@@ -109,7 +106,7 @@ def _adapter(name: str) -> Adapter | None:
         return None
 
 
-def load_config(results: Path) -> dict:
+def results_config(results: Path) -> dict:
     path = results / "config.json"
     config = read_json_object(path, "effective config", " (run the pipeline's freeze_config step first)")
     for key in ("frameworks", "seeds", "remax", "launch"):
@@ -276,7 +273,8 @@ def throughput_markdown(table: pd.DataFrame) -> str:
         " run's accelerators, median over measured steps (after warm-up) per run, then median over seeds. Greedy"
         " baseline tokens are generated inside the step but not counted (as verl's own figure). Generation-only and"
         " training-only: the same tokens over the generation (sampled + greedy) or actor-update time alone."
-        " GPUs = 0: CPU run. MFU: the model FLOPs of the step's tokens (PaLM's count; harness/efficiency.py) per"
+        " GPUs = 0: CPU run. MFU: the model FLOPs of the step's tokens (PaLM's count; harness/results/efficiency.py)"
+        " per"
         " second over the run's peak (GPUs: data-sheet bf16 peak; the reference on a CPU: its measured fp32 matmul"
         " rate), median over measured steps, then over seeds; empty where the peak is unknown.\n"
     )
@@ -287,11 +285,8 @@ def _trailing(series: pd.Series, k: int, min_periods: int) -> pd.Series:
     return series.rolling(k, min_periods=min_periods).mean()
 
 
-def _window(n_steps: int) -> int:
-    return max(1, round(n_steps * EDGE_FRACTION))
 
-
-def time_to_reward(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, float]:
+def time_to_reward_table(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, float]:
     """Wall time until a run's trailing mean reward reaches `fraction` of the best framework's final reward.
 
     Final reward: mean of the last 10% of a run's steps, median over seeds; the trailing mean uses the same
@@ -306,7 +301,7 @@ def time_to_reward(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, floa
     rows = []
     for r in ok:
         df = r.steps
-        smooth = _trailing(df["reward_mean"], _window(len(df)), _window(len(df)))
+        smooth = _trailing(df["reward_mean"], edge_window(len(df)), edge_window(len(df)))
         hit = np.flatnonzero((smooth >= target).to_numpy()) if not math.isnan(target) else np.array([], dtype=int)
         wall = df["time_step_s"].cumsum().to_numpy()
         rows.append({"framework": r.framework, "seed": r.seed, "final": r.summary["reward_last10"],
@@ -451,7 +446,7 @@ def reward_figure(runs: list[Run], order: list[str], colors: dict, target: float
             continue
         color = colors[fw]
         curves = pd.concat({r.seed: _trailing(r.steps.set_index("step")["reward_mean"],
-                                              _window(len(r.steps)), 1) for r in fw_runs}, axis=1)
+                                              edge_window(len(r.steps)), 1) for r in fw_runs}, axis=1)
         ax_step.plot(curves.index, curves.mean(axis=1), color=color, label=f"{fw} ({len(fw_runs)} seeds)")
         ax_step.fill_between(curves.index, curves.min(axis=1), curves.max(axis=1), color=color, alpha=0.2, lw=0)
         # up to the shortest seed's run time: past it the mean would be over fewer seeds and jump
@@ -459,7 +454,7 @@ def reward_figure(runs: list[Run], order: list[str], colors: dict, target: float
         grid = np.linspace(0, end, 300)
         on_grid = np.vstack([
             np.interp(grid, r.steps["time_step_s"].cumsum().to_numpy(),
-                      _trailing(r.steps["reward_mean"], _window(len(r.steps)), 1).to_numpy(),
+                      _trailing(r.steps["reward_mean"], edge_window(len(r.steps)), 1).to_numpy(),
                       left=np.nan, right=np.nan) for r in fw_runs])
         with warnings.catch_warnings():  # a time no seed has reached yet: drawn as a gap on purpose
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -501,7 +496,7 @@ def truth_figure(runs: list[Run], colors: dict, dest: Path) -> bytes:
     for r in runs:
         if r.status != "ok" or r.steps["task_accuracy_mean"].isna().all():
             continue
-        m, k = r.steps.set_index("step"), _window(len(r.steps))
+        m, k = r.steps.set_index("step"), edge_window(len(r.steps))
         for ax, column in ((ax_reward, "reward_mean"), (ax_acc, "task_accuracy_mean")):
             ax.plot(m.index, _trailing(m[column], k, 1), color=colors[r.framework], alpha=0.8,
                     label=f"{r.framework} seed {r.seed}")
@@ -933,7 +928,7 @@ def render_html(*, config: dict, results: Path, runs: list[Run], table: pd.DataF
                      "measured steps per run, then median over seeds. Generation-only and training-only: the same "
                      "tokens over the generation (sampled + greedy) or actor-update time alone. GPUs = 0: CPU run, "
                      "no per-GPU figure. MFU: the model FLOPs of the step's tokens (PaLM's count, "
-                     "harness/efficiency.py) per second over the run's peak (GPUs: data-sheet bf16 peak; the "
+                     "harness/results/efficiency.py) per second over the run's peak (GPUs: data-sheet bf16 peak; the "
                      "reference on a CPU: its measured fp32 matmul rate); empty where the peak is unknown.</p>")
     parts.append(_img(figures["throughput"], "throughput per framework"))
     parts.append(own_throughput_html(own_throughput_table(runs, config["remax"]["warmup_steps"])))
@@ -1029,14 +1024,14 @@ def status_frame(runs: list[Run]) -> pd.DataFrame:
 def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path = CLAIMS_PATH) -> None:
     """Write index.html (self-contained), throughput.md/.csv, runs.csv and the figures' PNGs into out_dir."""
     results, out = Path(results_dir), Path(out_dir)
-    config = load_config(results)
+    config = results_config(results)
     claims = load_claims(Path(claims_path))
     problems: list[str] = []
     runs = collect_runs(results, config, problems)
     warmup = config["remax"]["warmup_steps"]
     per_run = run_table(runs, warmup)
     table = throughput_table(per_run)
-    ttr, target = time_to_reward(runs, config["report"]["time_to_reward_fraction"])
+    ttr, target = time_to_reward_table(runs, config["report"]["time_to_reward_fraction"])
     order = list(table["framework"]) if not table.empty else []
     colors = _palette(list(config["frameworks"]))
     out.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ def save_reward_model(dest: Path, texts: list[str], max_positions: int = 128) ->
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from harness.policy import train_tokenizer
+    from harness.inputs.policy import train_tokenizer
 
     tokenizer = train_tokenizer(texts, 64)
     torch.manual_seed(0)
@@ -44,7 +44,7 @@ def save_reward_model(dest: Path, texts: list[str], max_positions: int = 128) ->
 
 def model_reward_inputs(root: Path) -> dict:
     """{"config", "config_path", "inputs", "checkpoint"} under `root`: dataset, policy and the reward model."""
-    from harness import task
+    from harness.inputs import task
 
     raw = a100x8_offline(2000, 100)
     raw["policy"] = {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "sft": {"steps": 0}}
@@ -67,7 +67,7 @@ def model_reward_inputs(root: Path) -> dict:
 @contextlib.contextmanager
 def reward_server(inputs: Path):
     """`remax-bench serve-reward --inputs INPUTS` on a free loopback port, as launch.sh starts it; yields its URL."""
-    from harness.reward_server import wait_healthy
+    from harness.reward.server import wait_healthy
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,8 +89,8 @@ def reward_server(inputs: Path):
 
 
 def direct_scores(inputs: Path, prompts: list[str], responses: list[str]) -> list[float]:
-    """The reward model's own scores, in this process (harness.shared_reward), to compare served answers with."""
+    """The reward model's own scores, in this process (harness.reward.shared), to compare served answers with."""
     from harness.inputs import resolve_reward
-    from harness.shared_reward import load_shared_reward
+    from harness.reward.shared import load_shared_reward
 
     return load_shared_reward(resolve_reward(inputs), device="cpu").score(prompts, responses, [""] * len(prompts))

@@ -1,8 +1,8 @@
 """SYNTHETIC results directories for report tests and the report benchmark.
 
 Nothing here is framework output: frameworks are named `synthetic-*`, the numbers come from a formula and a
-seeded random generator, and every manifest says `"synthetic": true`. Metrics go through harness.metrics.to_frame,
-so the files are real parquet in the common schema, exactly what ingest writes.
+seeded random generator, and every manifest says `"synthetic": true`. Metrics go through
+harness.results.metrics.to_frame, so the files are real parquet in the common schema, exactly what ingest writes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from harness import HarnessError
 from harness.frameworks import Adapter
 from harness.io import write_json
-from harness.metrics import FRAMEWORK_THROUGHPUT, to_frame, write_metrics
+from harness.results.metrics import FRAMEWORK_THROUGHPUT, to_frame, write_metrics
 
 A100X8 = ["NVIDIA A100-SXM4-80GB"] * 8
 

@@ -2,7 +2,8 @@ import pytest
 from conftest import REPO
 
 from harness import HarnessError
-from harness.config import config_hash, load_config, validate_config
+from harness.config import load_config, validate_config
+from harness.io import config_hash
 
 
 def test_default_profile_is_valid_and_defaults_are_filled():

@@ -1,7 +1,8 @@
 """Apptainer images as the framework environments (container.runtime: apptainer), checked without apptainer or a GPU:
 the workflow makes images instead of venvs, every adapter's launch command is the one `apptainer exec` line built by
-harness.envs.env_command, and the image build itself runs apptainer with the generated definition. Apptainer is
-not installable here (no Debian package), so it is replaced by a stand-in script at the one seam where it is run."""
+harness.runtime.container.env_command, and the image build itself runs apptainer with the generated definition.
+Apptainer is not installable here (no Debian package), so it is replaced by a stand-in script at the one seam where it
+is run."""
 
 import json
 import os
@@ -14,10 +15,11 @@ import pytest
 import yaml
 from conftest import REPO, snakemake
 
-from harness import HarnessError, container, envs
+from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import get_adapter
 from harness.io import sha256_file
+from harness.runtime import container, envs
 
 FRAMEWORKS = {"verl": "python", "openrlhf": "python3", "dschat": "deepspeed"}  # adapter -> program it runs
 
@@ -89,7 +91,7 @@ def test_every_adapter_launches_inside_apptainer_exec(planned_apptainer, tmp_pat
         plan = json.loads((plans[fw] / "plan.json").read_text())
         prefix = expected_prefix(tmp_path, config, plan["env"])
         assert plan["argv"][:7] == [*prefix, program], fw
-        assert plan["argv"] == [*envs.env_command(plan["env"], config, program), *plan["argv"][7:]]
+        assert plan["argv"] == [*container.env_command(plan["env"], config, program), *plan["argv"][7:]]
         script = (plans[fw] / "launch.sh").read_text()
         assert subprocess.run(["bash", "-n", plans[fw] / "launch.sh"]).returncode == 0
         assert ".venvs" not in " ".join(plan["argv"]) and "build it with 'remax-bench env" not in script, fw
@@ -139,7 +141,7 @@ def test_verl_launch_sh_runs_exactly_the_apptainer_exec_line(planned_apptainer, 
 def test_venv_runtime_keeps_the_venv_programs(a100x8):
     config = a100x8["config"]
     assert config["container"]["runtime"] == "venv"
-    assert envs.env_command("dschat", config, "deepspeed") == [str(envs.ENV_ROOT / "dschat" / "bin" / "deepspeed")]
+    assert container.env_command("dschat", config, "deepspeed") == [str(envs.ENV_ROOT / "dschat" / "bin" / "deepspeed")]
 
 
 def test_binds_refuse_paths_apptainer_cannot_take(tmp_path):
@@ -234,9 +236,10 @@ def test_real_apptainer_exec_of_a_local_image(tmp_path):
 
 
 def test_manifest_records_the_image_and_the_versions_inside_it(tmp_path, monkeypatch):
-    """harness.launch under apptainer: the manifest names the runtime, the image's reference and .sif sha256, and
-    `pip freeze` as run inside the image (through the stand-in apptainer, which answers like the image's pip)."""
-    from harness.launch import launch
+    """harness.runtime.launch under apptainer: the manifest names the runtime, the image's reference and .sif
+    sha256, and `pip freeze` as run inside the image (through the stand-in apptainer, which answers like the image's
+    pip)."""
+    from harness.runtime.launch import launch
 
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "bin" / "apptainer"

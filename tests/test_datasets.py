@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import BIN, REPO, snakemake
 
-from harness import HarnessError, reward, task
+from harness import HarnessError, reward
 from harness.config import validate_config
+from harness.inputs import task
 from harness.io import sha256_file
 
 DATA = REPO / "tests" / "fixtures" / "datasets"

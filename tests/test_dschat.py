@@ -3,7 +3,7 @@ and (where the pinned liziniu/ReMax checkout is present) ReMax's own parser, tra
 
 Tests that need the checkout skip without it (CI has no GitHub access): set REMAX_BENCH_REMAX_CHECKOUT to a checkout
 of liziniu/ReMax at 536ba49 to run them. The dschat-cpu environment (real DeepSpeed, DS_BUILD_OPS=0) is
-built once per machine by harness.envs.ensure_env.
+built once per machine by harness.runtime.envs.ensure_env.
 """
 
 import json
@@ -25,9 +25,9 @@ from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import dschat, get_adapter
 from harness.inputs import resolve_reward
+from harness.inputs.policy import train_tokenizer
+from harness.inputs.task import generate, to_jsonl
 from harness.io import write_json, write_text
-from harness.policy import train_tokenizer
-from harness.task import generate, to_jsonl
 
 FIXTURES = REPO / "tests" / "fixtures" / "dschat"
 CHECKOUT = os.environ.get(dschat.CHECKOUT_ENV)
@@ -80,7 +80,7 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     argv = p["argv"]
     assert argv[0].endswith(".venvs/dschat/bin/deepspeed") and flag(argv, "--num_gpus") == "8"
     assert flag(argv, "--greedy-eval") == "off"  # a 7B policy's eval split decoded by Transformers: hours
-    assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat_launcher.py")
+    assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat/launcher.py")
     assert flag(argv, "--main") == "$RUN_DIR/ReMax/step3_rlhf_finetuning/main.py"
     args = dschat.main_args(argv)
     assert args[:2] == ["--algo", "remax"] and flag(args, "--data_path") == "local/jsonfile"
@@ -183,7 +183,7 @@ def test_plan_refuses_a_reward_url_without_a_port_for_a_reward_model(tmp_path, m
 
 
 def test_launcher_passes_everything_but_its_own_options_to_main_py():
-    from harness.frameworks import dschat_launcher
+    from harness.frameworks.dschat import launcher as dschat_launcher
 
     # as the deepspeed launcher calls it: script, --local_rank=R, then the planned arguments
     args, rest = dschat_launcher.parse_args(["--local_rank=3", "--main", "m.py", "--steps-log", "s.log",
@@ -393,7 +393,7 @@ DRIVER = r"""
 import json, os, sys, types
 sys.path.insert(0, sys.argv[1])
 import torch, deepspeed
-import dschat_launcher as L
+import launcher as L
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 steps_log, task, mode, reward_url, checkout, generation_length = sys.argv[2:8]
@@ -469,7 +469,7 @@ os._exit(0)
 
 def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout="", generation_length="natural"):
     log = tmp_path / "steps.log"
-    proc = subprocess.run([ds_python, "-c", DRIVER, REPO / "harness" / "frameworks", log, task_files, mode,
+    proc = subprocess.run([ds_python, "-c", DRIVER, REPO / "harness" / "frameworks" / "dschat", log, task_files, mode,
                            reward_url, checkout, generation_length], capture_output=True, text=True, env=ds_env(),
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -584,8 +584,8 @@ def test_reward_model_served_to_deepspeed_chats_reward_calls(ds_python, engine_r
 
 
 def test_shared_reward_through_the_reward_server(ds_python, engine_run, tmp_path, task_files):
-    from harness.reward_server import RewardServer
-    from harness.shared_reward import load_shared_reward
+    from harness.reward.server import RewardServer
+    from harness.reward.shared import load_shared_reward
 
     server = RewardServer("127.0.0.1", 0, load_shared_reward({"kind": "rule"}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -617,7 +617,7 @@ sys.path.insert(0, sys.argv[1])
 import transformers.integrations.deepspeed
 # rlhf_engine imports transformers.deepspeed, which transformers 4.31 (the GPU environment) has and 5.x moved
 sys.modules["transformers.deepspeed"] = transformers.integrations.deepspeed
-import dschat_launcher as L
+import launcher as L
 main = L.prepare(sys.argv[2])
 run_dir, n_eval_rows, split = sys.argv[3], int(sys.argv[4]), sys.argv[5]
 rec = L.StepRecorder(None)
@@ -654,8 +654,8 @@ def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(d
     (run / "data").symlink_to(plan / "data")
     (run / "data_files").mkdir()
     actor = flag(dschat.main_args(p["argv"]), "--actor_model_name_or_path")
-    proc = subprocess.run([ds_python, "-c", INSTALL, REPO / "harness" / "frameworks", run / "ReMax" / dschat.MAIN, run,
-                           "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
+    proc = subprocess.run([ds_python, "-c", INSTALL, REPO / "harness" / "frameworks" / "dschat",
+                           run / "ReMax" / dschat.MAIN, run, "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
                           capture_output=True, text=True, env=ds_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("REPORT ")))
@@ -782,6 +782,17 @@ def test_conformance_against_remax_compute_loss():
     assert by_case.loc["dschat:reward_beyond_clip", "max_abs_diff"] == pytest.approx(2.5)
     assert "clipped to +-5" in by_case.loc["dschat:reward_beyond_clip", "note"]
     assert by_case.loc["outcome@gamma_0.99", "verdict"] == "differs"
+
+
+def test_the_conformance_command_gives_deepspeed_chat_the_config(tmp_path):
+    """dschat.checkout and dschat.gamma come from the config the command is given (a config-less call would read
+    the checkout from the environment and check gamma 1 only)."""
+    absent = tmp_path / "configured-checkout"
+    (tmp_path / "c.yaml").write_text(f"frameworks: [dschat]\ndschat: {{checkout: {absent}, gamma: 0.9}}\n")
+    proc = run_cli("conformance", "--config", tmp_path / "c.yaml", "--out", tmp_path / "conformance.csv")
+    assert proc.returncode == 0, proc.stderr
+    table = pd.read_csv(tmp_path / "conformance.csv")
+    assert set(table["verdict"]) == {"not run"} and table["note"].str.contains(str(absent)).all()
 
 
 def test_conformance_without_checkout_says_not_run(monkeypatch, tmp_path):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.efficiency import ModelShape, gpu_peak, model_shape
-from harness.frameworks.reference_model import Decoder, generate, response_logprobs
-from harness.policy import build_policy, train_tokenizer
+from harness.frameworks.reference.model import Decoder, generate, response_logprobs
+from harness.inputs.policy import build_policy, train_tokenizer
+from harness.results.efficiency import ModelShape, gpu_peak, model_shape
 
 
 def test_forward_flops_by_hand():

@@ -12,11 +12,11 @@ from conftest import REPO, run_cli
 
 from harness import HarnessError
 from harness.config import load_config, validate_config
-from harness.history import HISTORY_DIR, append, pipeline_rows, read_history
 from harness.io import write_json
-from harness.manifest import build_manifest
-from harness.metrics import to_frame, write_metrics
-from harness.summarize import summarize
+from harness.regression.history import HISTORY_DIR, append, pipeline_rows, read_history
+from harness.results.metrics import to_frame, write_metrics
+from harness.results.summarize import summarize
+from harness.runtime.manifest import build_manifest
 
 
 def make_results(results: Path, *, throughput: float | dict = 1000.0, transition_s: float = 0.001,
@@ -89,7 +89,7 @@ def test_concurrent_writers_leave_every_row_intact(tmp_path):
         dirs.append(make_results(tmp_path / f"r{i}" / "results", throughput=1000.0 + i,
                                  created=f"2026-01-0{i + 1}T00:00:00+00:00"))
     shared = tmp_path / "history"
-    code = "import sys; from harness.history import append; append(sys.argv[1], sys.argv[2])"
+    code = "import sys; from harness.regression.history import append; append(sys.argv[1], sys.argv[2])"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(d), str(shared)]) for d in dirs + dirs]
     assert [p.wait() for p in procs] == [0] * 8
     rows = read_history(shared)

@@ -7,7 +7,7 @@ from conftest import run_cli
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
-from harness.metrics import SCHEMA, to_frame
+from harness.results.metrics import SCHEMA, to_frame
 
 
 def step(n, **kw):

@@ -7,7 +7,7 @@ import pytest
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.launch import launch
+from harness.runtime.launch import launch
 
 CONFIG = validate_config({})
 

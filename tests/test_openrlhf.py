@@ -18,13 +18,14 @@ import pytest
 from conftest import REPO, run_cli
 from reward_inputs import direct_scores, model_reward_inputs
 
-from harness import HarnessError, envs, reward, task
+from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
 from harness.frameworks import get_adapter
 from harness.frameworks import openrlhf as orl
-from harness.inputs import resolve_reward
-from harness.reward_server import RewardServer
-from harness.shared_reward import load_shared_reward
+from harness.inputs import resolve_reward, task
+from harness.reward.server import RewardServer
+from harness.reward.shared import load_shared_reward
+from harness.runtime import envs
 
 FIXTURES = REPO / "tests" / "fixtures" / "openrlhf"
 RUN = FIXTURES / "run"

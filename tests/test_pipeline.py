@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, snakemake
 
-from harness.metrics import SCHEMA
+from harness.results.metrics import SCHEMA
 
 pytestmark = pytest.mark.e2e
 

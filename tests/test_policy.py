@@ -2,8 +2,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from harness.config import validate_config
-from harness.policy import encode_pairs, make_policy, token_logprobs
-from harness.task import generate
+from harness.inputs.policy import encode_pairs, make_policy, token_logprobs
+from harness.inputs.task import generate
 
 
 def test_initial_policy_is_a_standard_checkpoint_with_a_local_tokenizer(tmp_path):

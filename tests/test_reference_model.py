@@ -6,8 +6,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from harness import HarnessError, remax
-from harness.frameworks.reference_model import Decoder, generate, response_logprobs
-from harness.policy import token_logprobs
+from harness.frameworks.reference.model import Decoder, generate, response_logprobs
+from harness.inputs.policy import token_logprobs
 
 EOS, PAD = 2, 0
 SMALL = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

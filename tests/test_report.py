@@ -16,8 +16,8 @@ from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import _REGISTRY
 from harness.io import write_json
-from harness.metrics import to_frame, write_metrics
 from harness.report import CLAIMS_PATH, load_claims, render
+from harness.results.metrics import to_frame, write_metrics
 
 sys.path.insert(0, str(REPO / "scripts"))
 import browser_check

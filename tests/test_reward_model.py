@@ -10,11 +10,11 @@ import yaml
 from conftest import REPO, snakemake
 from reward_inputs import save_reward_model
 
-from harness import HarnessError, task
+from harness import HarnessError
 from harness.config import validate_config
-from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs
-from harness.reward_model import CORRUPTIONS, RewardModel, check_checkpoint, corrupt
-from harness.shared_reward import load_shared_reward
+from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs, task
+from harness.reward.model import CORRUPTIONS, RewardModel, check_checkpoint, corrupt
+from harness.reward.shared import load_shared_reward
 
 
 def small_config(**reward):

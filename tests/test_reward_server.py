@@ -17,9 +17,9 @@ from conftest import BIN, REPO, run_cli
 from harness import HarnessError, cli, reward
 from harness.inputs import build_reward, resolve_reward
 from harness.io import record_hash, sha256_file, sha256_tree, write_json
-from harness.reward_model import RewardModel
-from harness.reward_server import RewardServer, wait_healthy
-from harness.shared_reward import SharedReward, load_shared_reward, rule_identity
+from harness.reward.model import RewardModel
+from harness.reward.server import RewardServer, wait_healthy
+from harness.reward.shared import SharedReward, load_shared_reward, rule_identity
 
 sys.path.append(str(REPO / "benchmarks"))
 from reward_server import tiny_reward_model
@@ -71,7 +71,7 @@ def test_scores_with_the_shared_reward(server):
 def test_health_names_the_reward_and_its_hash(server):
     answer = wait_healthy(server.url, 5)
     assert answer["status"] == "ok" and answer["reward"] == "harness.reward.score" and answer["kind"] == "rule"
-    assert answer["sha256"] == sha256_file(REPO / "harness" / "reward.py")
+    assert answer["sha256"] == sha256_file(REPO / "harness" / "reward" / "__init__.py")
     post(server, good())
     assert wait_healthy(server.url, 5)["served"] == {"requests": 1, "texts": 2, "score_calls": 1, "failed_calls": 0,
                                                      "overloaded": 0, "waiting": 0}

@@ -3,7 +3,7 @@ import hashlib
 import pytest
 
 from harness import HarnessError
-from harness.task import generate, read_dataset, to_jsonl, write_dataset
+from harness.inputs.task import generate, read_dataset, to_jsonl, write_dataset
 
 TASK = {"kind": "addition", "digits": 2, "n_train": 300, "n_eval": 50, "seed": 7}
 

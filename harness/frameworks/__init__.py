@@ -34,11 +34,13 @@ class Adapter:
     own_throughput: str = ""
     # (run directory) -> eval record (the reference's eval.json form) from the framework's own evaluation, or None
     evaluation: Callable[[Path], dict | None] | None = None
-    # (): DataFrame with columns framework, case, max_abs_diff, verdict, note (harness.conformance vectors)
-    conformance: Callable[[], pd.DataFrame] | None = None
-    module: str = ""  # the package its environment must import (harness.preflight)
+    # (config) -> DataFrame with columns framework, case, max_abs_diff, verdict, note, on the shared vectors of
+    # harness.conformance, under the run's settings where the framework's ReMax depends on them
+    conformance: Callable[[dict], pd.DataFrame] | None = None
+    module: str = ""  # the package its environment must import (harness.runtime.preflight)
     head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
-    saves_checkpoint: bool = False  # writes the full model at the end of a run (harness.preflight sizes the disk)
+    # Writes the full model at the end of a run (harness.runtime.preflight sizes the disk).
+    saves_checkpoint: bool = False
 
 
 # vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
@@ -87,18 +89,18 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
     return None
 
 
-IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
+PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
 
 
 def run_plan(log: Path, framework: str) -> dict:
-    """The plan.json beside a real framework's log (harness.launch copies it into the run directory): the run's
-    identity (IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
+    """The plan.json beside a real framework's log (harness.runtime.launch copies it into the run directory): the run's
+    identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
     path = Path(log).parent / "plan.json"
     if not path.is_file():
         raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
-                           "comes from the plan that harness.launch copies into the run directory")
+                           "comes from the plan that harness.runtime.launch copies into the run directory")
     plan = read_json_object(path, "plan")
-    missing = [k for k in IDENTITY if k not in plan]
+    missing = [k for k in PLAN_IDENTITY if k not in plan]
     if missing:
         raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)})")
     if plan["framework"] != framework:

@@ -2,12 +2,11 @@
 of a reward-model checkpoint, and the launch.sh lines that serve it.
 
 With `reward.kind: model` every real framework gets its reward over HTTP from one `remax-bench serve-reward
---inputs DIR` process that its launch.sh starts (harness.reward_server, OpenRLHF's remote-reward protocol): the
+--inputs DIR` process that its launch.sh starts (harness.reward.server, OpenRLHF's remote-reward protocol): the
 same code, the same checkpoint, the same rendering of prompt + response and the same forward pass score all of
 them, whatever each framework would do natively (verl.py and dschat.py say why their native paths are not used).
-plan.json's "reward" records which checkpoint (path and sha256) and how it scored: "served" (the shared server),
-"native" (the framework's own reward code, given the same checkpoint) or "in-process" (harness.reward.score called
-inside the framework's process: the rule only).
+plan.json's "reward" records which checkpoint (path and sha256) and how it scored: "served" (the shared server)
+or "in-process" (harness.reward.score called inside the framework's process: the rule only).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-SCORED_BY = ("served", "native", "in-process")
+SCORED_BY = ("served", "in-process")
 URL_VAR = "REMAX_BENCH_REWARD_URL"  # the served reward's URL, exported by launch.sh to the framework's processes
 HEALTH_TIMEOUT_S = 600  # a 7B reward model loads in minutes, not seconds
 
@@ -24,7 +23,7 @@ HEALTH_TIMEOUT_S = 600  # a 7B reward model loads in minutes, not seconds
 def check_model(reward_input: dict) -> None:
     """HarnessError before any run unless the reward input is a one-label sequence-classification checkpoint (its
     sha256 was checked against the recorded one by harness.inputs.resolve_reward)."""
-    from harness.reward_model import check_checkpoint
+    from harness.reward.model import check_checkpoint
 
     check_checkpoint(Path(reward_input["path"]))
 
@@ -56,7 +55,7 @@ def server_block(config: dict, inputs_dir: str | Path, record: dict, *, host: st
                   "--batch-size", str(rc["batch_size"]), "--max-length", str(rc["max_length"])]
     pick = ("$(" + python + " -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
             "print(s.getsockname()[1])')")
-    return f"""# The shared reward ({record['kind']}, sha256 {record['sha256'][:12]}), served by harness.reward_server
+    return f"""# The shared reward ({record['kind']}, sha256 {record['sha256'][:12]}), served by harness.reward.server
 REWARD_PORT={pick if port is None else int(port)}
 REWARD_URL="http://{host}:$REWARD_PORT"
 if {python} -m harness.cli serve-reward --health-check "$REWARD_URL" --timeout 0 >/dev/null 2>&1; then

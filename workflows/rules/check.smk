@@ -1,4 +1,4 @@
-# Regression alerts (harness/history.py, harness/regression.py; docs/regression.md).
+# Regression alerts (harness/regression/history.py, harness/regression/check.py; docs/regression.md).
 # `snakemake --cores all check`: appends this pipeline run to the history, writes results/alerts.md|json and
 # fails when a throughput or transition-time regression is found. The history itself is not a rule output:
 # Snakemake deletes a rule's outputs before it reruns, and the history must outlive every run.

@@ -1,4 +1,4 @@
-# Apptainer images as the framework environments (container.runtime: apptainer; harness/container.py). Each is
+# Apptainer images as the framework environments (container.runtime: apptainer; harness/runtime/container.py). Each is
 # made once, by this rule, and reused by every run of that framework; a change of its container.images settings
 # or of the pinned description it installs makes it again. Needs common.smk (config, RESULTS).
 

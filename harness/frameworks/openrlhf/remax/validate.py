@@ -13,7 +13,8 @@ answers True so that `train()` does not start Ray, and `ray.init` fails if reach
 argparse's message, as on a real launch. Writes the parsed arguments as nested JSON.
 
 conformance: runs the installed (patched) `RemoteExperienceMaker.compute_advantages_and_returns` with
-`--algo.advantage.estimator remax`, the arguments parsed as above, on each case of harness.conformance.CASES, and
+`--algo.advantage.estimator remax`, the arguments parsed as above, on each case of
+harness.conformance.CASES, and
 writes {case: {"advantages": [[...]], "reference": [[...]], "scalar_reward": bool}}. With --ray-worker the cases
 run inside a task of a local Ray cluster, in a worker process that imports openrlhf afresh, as the PPOTrainer actor
 does on a real run: the patch must be in the installed files to be seen there.

@@ -16,14 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness import HarnessError, container
-from harness.envs import env_command
+from harness import HarnessError
 from harness.frameworks import get_adapter
 from harness.io import atomic_path, write_json
-from harness.manifest import build_manifest
+from harness.runtime import container
+from harness.runtime.container import env_command
+from harness.runtime.manifest import build_manifest
 
 CONSOLE_LOG = "console.log"
-EVAL = "eval.json"  # what harness.summarize.read_eval reads, in the reference backend's form
+EVAL = "eval.json"  # what harness.results.summarize.read_eval reads, in the reference backend's form
 
 
 def tail(path: Path, lines: int = 40) -> str:

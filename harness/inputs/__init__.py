@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import HarnessError, task
+from harness import HarnessError
+from harness.inputs import task
 from harness.io import atomic_path, read_json_object, record_hash, sha256_tree, verify_hash, write_json
-from harness.shared_reward import rule_identity
+from harness.reward.shared import rule_identity
 
 DATASET = "dataset.jsonl"
 POLICY = "policy"
@@ -28,7 +29,7 @@ def build_policy(config: dict, inputs_dir: str | Path) -> str:
     """Build the initial policy, or link the checkpoint at `policy.path`; either way record its sha256.
     Prompts longer than remax.max_prompt_length with the policy's tokenizer stop it here, before any run (a linked
     checkpoint without a tokenizer has nothing to measure them by: the preflight reports it)."""
-    from harness.policy import check_prompt_lengths, make_policy  # torch and Transformers for this stage only
+    from harness.inputs.policy import check_prompt_lengths, make_policy  # torch and Transformers for this stage only
 
     inputs_dir = Path(inputs_dir)
     checkpoint = Path(config["policy"]["path"]) if config["policy"]["path"] else None
@@ -64,7 +65,7 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
         tmp.mkdir()
         record: dict = {"kind": rc["kind"]}
         if rc["kind"] == "model":
-            from harness import reward_model
+            from harness.reward import model as reward_model
 
             model_dir = tmp / REWARD_MODEL
             if rc["path"]:

@@ -3,7 +3,7 @@
 Every consumer (the reference backend in-process, the reward server for the frameworks that take a reward over
 HTTP) scores through `SharedReward.score(prompts, responses, answers) -> list[float]`, one call per batch, so a
 reward model scores a whole batch in one forward pass. `identity` says what scored: kind, what, and its sha256
-(of harness/reward.py for the rule, of the checkpoint directory for a model), which manifests and plans record.
+(of harness/reward/__init__.py for the rule, of the checkpoint directory for a model), which manifests and plans record.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def load_shared_reward(reward_input: dict, *, device: str = "auto", batch_size: 
     if kind == "rule":
         return SharedReward(rule_identity(), _rule_score)
     if kind == "model":
-        from harness.reward_model import RewardModel
+        from harness.reward.model import RewardModel
 
         model = RewardModel(reward_input["path"], device=device, batch_size=batch_size, max_length=max_length)
         return SharedReward({"kind": "model", "reward": str(reward_input["path"]), "sha256": reward_input["sha256"]},

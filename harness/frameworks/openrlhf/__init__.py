@@ -34,10 +34,12 @@ from typing import Any
 
 import pandas as pd
 
-from harness import HarnessError, envs, metrics, task
+from harness import HarnessError
 from harness.frameworks import VLLM_HEAD_DIMS, Adapter, register_framework, reward_serving, run_plan
-from harness.inputs import resolve_inputs
+from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
+from harness.results import metrics
+from harness.runtime import container, envs
 
 NAME = "openrlhf"
 VERSION = "0.11.2"
@@ -45,10 +47,11 @@ ENV = "openrlhf"
 VALIDATE_ENV = "openrlhf-validate"
 LOG = "openrlhf.log"
 PROMPTS = "prompts.jsonl"
-REMAX_DIR = Path(__file__).with_name("openrlhf_remax")
+REMAX_DIR = Path(__file__).with_name("remax")
 AGENT, AGENT_CONFIG, PATCH = "remax_agent.py", "remax_agent.json", "remax_patch.py"
 # Stand-ins for the GPU-only vllm and flash_attn that OpenRLHF imports at module level: test-only, never installed.
-STUBS = envs.REPO / "tests" / "fixtures" / "openrlhf" / "stubs"
+# Stand-ins for OpenRLHF's GPU-only imports, for its code on a CPU (the conformance check and the tests).
+STUBS = Path(__file__).with_name("cpu_stubs")
 REWARD_PATH = "/get_reward"
 
 
@@ -91,7 +94,7 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
          "vllm.num_engines (tensor_parallel_size 1, colocate_all)", "effective": gpus},
     ]
     argv = [
-        *envs.env_command(ENV, config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
+        *container.env_command(ENV, config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
         "--actor.model_name_or_path", policy,
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(gpus),
         "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(gpus),
@@ -140,7 +143,7 @@ def _check_launch(config: dict) -> None:
 
 
 LAUNCH = """#!/usr/bin/env bash
-# OpenRLHF {version} ReMax run planned by `remax-bench plan openrlhf` (harness/frameworks/openrlhf.py); see plan.json.
+# OpenRLHF {version} ReMax run planned by `remax-bench plan openrlhf` (harness/frameworks/openrlhf/); see plan.json.
 # Usage: bash launch.sh RUN_DIR. Writes RUN_DIR/{log} (the job's output), RUN_DIR/reward_server.log, RUN_DIR/plan.json.
 set -euo pipefail
 RUN_DIR="${{1:?usage: bash launch.sh RUN_DIR}}"
@@ -187,8 +190,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                                         "min_tokens_is_max_tokens": rc["generation_length"] == "fixed"})
         write_text(tmp / "launch.sh", LAUNCH.format(
             version=VERSION, log=LOG, patch=PATCH, env_bin=_sh(envs.ENV_ROOT / ENV / "bin"),
-            env_check=envs.env_check(ENV, config, "python3"),
-            python3=shlex.join(envs.env_command(ENV, config, "python3")),
+            env_check=container.env_check(ENV, config, "python3"),
+            python3=shlex.join(container.env_command(ENV, config, "python3")),
             reward_server=reward_serving.server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
@@ -331,7 +334,9 @@ def conformance_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def conformance() -> pd.DataFrame:
+def conformance(config: dict | None = None) -> pd.DataFrame:
+    """OpenRLHF's patched ReMax estimator on the shared vectors, in its validation environment (no setting of the
+    config changes it)."""
     python = ensure_validate_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "conformance.json"

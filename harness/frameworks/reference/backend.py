@@ -5,9 +5,9 @@ training engine apart, so moving updated weights into the rollout model is a rea
 One iteration: sample n responses per prompt and one greedy response per prompt (the baseline) with the
 rollout model; score both with the shared reward; reference-policy log-probs for the KL penalty; one
 REINFORCE update of the trainer (harness.remax); copy the new weights into the rollout model.
-The three models are harness.frameworks.reference_model decoders loaded from the one policy checkpoint: each
+The three models are harness.frameworks.reference.model decoders loaded from the one policy checkpoint: each
 prompt runs once for all its responses, greedy rows decode in the sampled batch. The shared reward (the rule, or a
-reward model: harness.shared_reward) scores samples and greedy responses in one call; the task's exact-match
+reward model: harness.reward.shared) scores samples and greedy responses in one call; the task's exact-match
 accuracy of the samples is logged beside it, so a reward model's score can be read against the truth.
 """
 
@@ -23,15 +23,16 @@ from typing import TYPE_CHECKING
 import torch
 
 import harness
-from harness import HarnessError, metrics, remax, reward, task
-from harness.efficiency import cpu_matmul_peak, gpu_peak
+from harness import HarnessError, remax, reward
 from harness.frameworks.reference import NAME, STEP_LOG
-from harness.frameworks.reference_model import Decoder, generate, response_logprobs
-from harness.inputs import resolve_inputs
+from harness.frameworks.reference.model import Decoder, generate, response_logprobs
+from harness.inputs import resolve_inputs, task
+from harness.inputs.policy import load_policy, seed_everything
 from harness.io import atomic_path, write_json
-from harness.manifest import build_manifest
-from harness.policy import load_policy, seed_everything
-from harness.shared_reward import SharedReward, load_shared_reward
+from harness.results import metrics
+from harness.results.efficiency import cpu_matmul_peak, gpu_peak
+from harness.reward.shared import SharedReward, load_shared_reward
+from harness.runtime.manifest import build_manifest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -83,7 +84,7 @@ class _Clock:
         A shared or virtual CPU runs faster or slower from minute to minute (frequency, other tenants' cache and
         memory traffic), and that drift is most of the run-to-run noise of a throughput figure. Timed after every
         step, outside the step, the probe feels the same drift, and the regression check takes it out of the
-        throughput (harness.regression.machine_sensitivity), while a slowdown in the run's own code leaves the
+        throughput (harness.regression.check.machine_sensitivity), while a slowdown in the run's own code leaves the
         probe as it was. Its shapes are those of a small transformer block, like the CPU profiles' policy; it does
         not use the policy, so a slower model or training loop cannot slow the probe with it."""
         if self.device.type == "cuda":

@@ -1,5 +1,5 @@
 """The one shared reward, served over HTTP with OpenRLHF's remote reward protocol, so every framework that takes a
-reward over HTTP is scored by the same code (`harness.shared_reward.SharedReward`: the rule or a reward model).
+reward over HTTP is scored by the same code (`harness.reward.shared.SharedReward`: the rule or a reward model).
 
 POST (any of REWARD_PATHS) `{"query": [prompt + response, ...], "prompts": [prompt, ...], "labels": [answer, ...]}`
 -> `{"rewards": [...], "scores": [...], "extra_logs": {"exact_match": [...]}}` (one entry per query; OpenRLHF's
@@ -23,7 +23,7 @@ Overload: at most `max_pending` requests wait for the scorer; one more is answer
 OpenRLHF 0.11.2's own client (openrlhf/utils/agent.py, SingleTurnAgentExecutor._fetch_rewards_via_http) calls
 `raise_for_status()` on any non-2xx answer and tries 5 times in all, sleeping 1 s between tries (it ignores
 Retry-After); after the 5th failure its caller logs "Failed to fetch reward from remote RM" and the sample is left
-without a reward. This project's ReMax agent (harness/frameworks/openrlhf_remax/remax_agent.py) also tries 5 times
+without a reward. This project's ReMax agent (harness/frameworks/openrlhf/remax/remax_agent.py) also tries 5 times
 1 s apart on a 5xx, fails at once on a 4xx, and fails the rollout after the 5th try. So a 503 costs a client about
 a second, and `max_pending` must exceed the requests one rollout step sends at once (the default does).
 """
@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from harness import HarnessError, reward
-from harness.shared_reward import SharedReward
+from harness.reward.shared import SharedReward
 
 REWARD_PATHS = ("/", "/get_reward")
 HEALTH_PATH = "/health"

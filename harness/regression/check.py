@@ -44,8 +44,8 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
-from harness.history import HISTORY_DIR, SCHEMA_VERSION, pipeline_rows, read_history, series_key
 from harness.io import read_json_object, write_json, write_text
+from harness.regression.history import HISTORY_DIR, SCHEMA_VERSION, pipeline_rows, read_history, series_key
 
 Z_CRIT = 3.0
 MIN_HISTORY = 8

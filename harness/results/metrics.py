@@ -1,4 +1,4 @@
-"""The common per-step schema (DESIGN.md): one row per optimizer step of one run, whatever produced it.
+"""The common per-step schema (docs/design.md): one row per optimizer step of one run, whatever produced it.
 
 Throughput is derived here, never taken from a framework: (prompt + sampled-response tokens) / step time,
 aggregate over the run's accelerators (the HybridFlow definition), and per accelerator beside it.

@@ -13,21 +13,32 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
-from harness.efficiency import ModelShape, model_shape, run_peak, step_flops
-from harness.metrics import read_metrics
+from harness.results.efficiency import ModelShape, model_shape, run_peak, step_flops
+from harness.results.metrics import read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
 
 
-def edge_means(series: pd.Series, fraction: float = 0.1) -> tuple[float, float]:
-    """Mean of the first and of the last `fraction` of a curve (at least one point each)."""
-    k = max(1, round(len(series) * fraction))
+# The share of a run's steps that stands for its start and its end: the first and final reward (summary, report,
+# the learning targets of the benchmarks), and the trailing mean that smooths a reward curve (report, history).
+EDGE_FRACTION = 0.1
+
+
+def edge_window(n_steps: int) -> int:
+    """How many steps EDGE_FRACTION of `n_steps` is (at least one)."""
+    return max(1, round(n_steps * EDGE_FRACTION))
+
+
+def edge_means(series: pd.Series) -> tuple[float, float]:
+    """Mean of the first and of the last EDGE_FRACTION of a curve (at least one point each)."""
+    k = edge_window(len(series))
     return float(series.iloc[:k].mean()), float(series.iloc[-k:].mean())
 
 
 def model_flops_utilisation(measured: pd.DataFrame, shape: ModelShape, prompts: int, samples_per_prompt: int,
                             peak_flops: float) -> dict[str, float]:
-    """MFU per phase (harness.efficiency), median over the measured steps: each step's model FLOPs over its time."""
+    """MFU per phase (harness.results.efficiency), median over the measured steps: each step's model FLOPs over its
+    time."""
     flops = pd.DataFrame([step_flops(shape, tokens_prompt=r.tokens_prompt, tokens_response=r.tokens_response,
                                      tokens_baseline=0.0 if pd.isna(r.tokens_baseline) else r.tokens_baseline,
                                      prompts=prompts, samples_per_prompt=samples_per_prompt)

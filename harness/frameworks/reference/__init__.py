@@ -1,6 +1,6 @@
 """The embedded reference ReMax backend (adapter): its registration and the ingest of its step log.
 
-The training loop is harness.frameworks.reference_backend and the model harness.frameworks.reference_model; both
+The training loop is harness.frameworks.reference.backend and the model harness.frameworks.reference.model; both
 load torch and Transformers, which the registry must not: the Snakefile and every light stage (freeze-config,
 dataset, ingest, summarize, report, history) read the registry, and a job that imports torch for nothing spends
 seconds before its first line of work.
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import HarnessError, metrics
+from harness import HarnessError
 from harness.frameworks import Adapter, register_framework
 from harness.io import read_jsonl
+from harness.results import metrics
 
 NAME = "reference"
 STEP_LOG = "steps.jsonl"
@@ -23,7 +24,7 @@ STEP_LOG = "steps.jsonl"
 
 def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     """Train one seed: metrics.parquet, steps.jsonl, eval.json and manifest.json in out_dir (reference_backend)."""
-    from harness.frameworks.reference_backend import train  # torch on use only (module docstring)
+    from harness.frameworks.reference.backend import train  # torch on use only (module docstring)
 
     train(config, seed, out_dir, inputs_dir)
 

@@ -9,14 +9,14 @@ builds its CUDA kernels that way), `#!local PATH` a project of this repository (
 dependencies. An environment is built once and reused; it is rebuilt when its description or a local project in it
 changes (the stamp holds the sha256 of the description and of each local project's files).
 With `container.runtime: apptainer` an image of the framework's published image, with the same description installed,
-takes the venv's place (harness/container.py); env_command gives a launch command its prefix either way.
+takes the venv's place (harness/runtime/container.py, whose env_command gives a launch command its prefix either
+way).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -25,7 +25,7 @@ from pathlib import Path
 from harness import HarnessError
 from harness.io import sha256_file, write_text
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV_SPECS = REPO / "workflows" / "envs"
 ENV_ROOT = REPO / ".venvs"
 STAMP = ".remax-bench-env"
@@ -102,28 +102,6 @@ def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None) -> list[li
 
 def env_python(name: str, root: Path = ENV_ROOT) -> Path:
     return root / name / "bin" / "python"
-
-
-def env_command(name: str, config: dict, program: str = "python") -> list[str]:
-    """The command that runs `program` of environment `name` as `container.runtime` says: the venv's own, or the
-    image's inside `apptainer exec`. The one place a launch command's prefix is built; every adapter asks here."""
-    if config["container"]["runtime"] == "apptainer":
-        from harness import container
-
-        return [*container.exec_prefix(name, config), program]
-    return [str(ENV_ROOT / name / "bin" / program)]  # ENV_ROOT read now: tests point it elsewhere
-
-
-def env_check(name: str, config: dict, program: str = "python") -> str:
-    """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing."""
-    if config["container"]["runtime"] == "apptainer":
-        from harness import container
-
-        return container.launch_check(name, config)
-    path = shlex.quote(env_command(name, config, program)[0])
-    return (f"if [ ! -x {path} ]; then\n"
-            f"  echo \"launch.sh: no environment at {path}: build it with 'remax-bench env {name}'\" >&2\n"
-            f"  exit 2\nfi\n")
 
 
 def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -> Path:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import HarnessError
-from harness.policy import position_ids
+from harness.inputs.policy import position_ids
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -47,7 +47,7 @@ def _check_family(config: PretrainedConfig) -> None:
         problems = (["sliding-window attention"] if getattr(config, "use_sliding_window", False) else []) + (
             [f"hidden_act {config.hidden_act!r} (not silu)"] if config.hidden_act != "silu" else [])
     if problems:
-        raise HarnessError(f"policy: the reference backend's decoder (harness.frameworks.reference_model) "
+        raise HarnessError(f"policy: the reference backend's decoder (harness.frameworks.reference.model) "
                            f"implements the Llama family only: {'; '.join(problems)}")
 
 

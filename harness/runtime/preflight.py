@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.envs import ENV_ROOT, env_python
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.inputs import TOKENIZER_FILES
+from harness.runtime.envs import ENV_ROOT, env_python
 
 GiB = 1024 ** 3
 # Files of a Hugging Face checkpoint that hold weights: their size is what a framework's save of it writes.

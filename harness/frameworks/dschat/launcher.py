@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the dschat environment's packages, for annotations only: no
     from transformers import PreTrainedTokenizerBase
 
 # The harness checkout this file lives in: `harness.reward` is imported from it, whatever PYTHONPATH says.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from harness import reward as shared_reward
 

@@ -3,10 +3,10 @@
 Each framework environment NAME gets one image, results/images/NAME.sif, made once by the workflow's
 framework_image rule (`remax-bench image NAME`) from the framework's published image (`container.images.NAME.from`):
 pulled as published (`install: false`), or built from a definition generated here that installs the pinned
-description workflows/envs/NAME.txt on top, with the same pip steps as the venv (harness.envs.pip_steps), so a
+description workflows/envs/NAME.txt on top, with the same pip steps as the venv (harness.runtime.envs.pip_steps), so a
 container and a venv hold the same versions. Beside the image, NAME.json records where it came from and the sha256
 of the .sif; the run manifest copies it. launch.sh runs the framework's programs inside `apptainer exec --nv`
-(exec_prefix, used only through harness.envs.env_command); the host environment passes through (Apptainer's
+(exec_prefix, used only through env_command below); the host environment passes through (Apptainer's
 default), so launch.sh's exports, CUDA_VISIBLE_DEVICES and the scheduler's variables reach the framework.
 """
 
@@ -18,8 +18,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from harness import HarnessError, envs
+from harness import HarnessError
 from harness.io import atomic_path, sha256_file, write_json
+from harness.runtime import envs
 
 # The workflow's results directory (common.smk RESULTS), from the working directory: plans, runs, inputs and images.
 RESULTS = Path("results")
@@ -159,3 +160,23 @@ def image_record(name: str) -> dict | None:
     """The record of environment `name`'s image, for the run manifest; None before the image is made."""
     path = record_path(name)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+# ---- a framework environment's programs, under either runtime ------------------------------------------------
+
+def env_command(name: str, config: dict, program: str = "python") -> list[str]:
+    """The command that runs `program` of environment `name` as `container.runtime` says: the venv's own, or the
+    image's inside `apptainer exec`. The one place a launch command's prefix is built; every adapter asks here."""
+    if config["container"]["runtime"] == "apptainer":
+        return [*exec_prefix(name, config), program]
+    return [str(envs.ENV_ROOT / name / "bin" / program)]  # ENV_ROOT read now: tests point it elsewhere
+
+
+def env_check(name: str, config: dict, program: str = "python") -> str:
+    """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing."""
+    if config["container"]["runtime"] == "apptainer":
+        return launch_check(name, config)
+    path = shlex.quote(env_command(name, config, program)[0])
+    return (f"if [ ! -x {path} ]; then\n"
+            f"  echo \"launch.sh: no environment at {path}: build it with 'remax-bench env {name}'\" >&2\n"
+            f"  exit 2\nfi\n")

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness.config import config_hash
+from harness.io import config_hash
 
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "pandas", "pyarrow")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:

@@ -22,8 +22,8 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from harness import HarnessError
+from harness.inputs.policy import fit, seed_everything
 from harness.io import atomic_path
-from harness.policy import fit, seed_everything
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -57,13 +57,6 @@ def check_checkpoint(path: str | Path) -> dict:
         raise HarnessError(f"reward model {path}: the tokenizer does not match the model: it has {len(tokenizer)} "
                            f"tokens, the model's embedding only {vocab}")
     return {"architecture": archs[0], "vocab_size": vocab, "tokenizer_size": len(tokenizer)}
-
-
-def same_tokenizer(a: str | Path, b: str | Path) -> bool:
-    """Whether two checkpoints tokenize alike (same vocabulary and special tokens): a framework that hands the
-    policy's token ids to the reward model needs it."""
-    ta, tb = AutoTokenizer.from_pretrained(a), AutoTokenizer.from_pretrained(b)
-    return ta.get_vocab() == tb.get_vocab() and ta.all_special_tokens == tb.all_special_tokens
 
 
 def _device(requested: str) -> torch.device:
@@ -146,7 +139,7 @@ def policy_mistakes(policy_dir: str | Path, rows: list[dict], per_prompt: int, m
                     seed: int) -> list[dict]:
     """Pairs whose rejected answer is a wrong response sampled from the policy itself (InstructGPT ranks model
     samples): the reward model then knows the mistakes RL starts from, not only the made-up ones."""
-    from harness.policy import load_policy
+    from harness.inputs.policy import load_policy
 
     seed_everything(seed)
     model, tokenizer = load_policy(policy_dir)

@@ -24,12 +24,13 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.io import atomic_path, read_json_object
-from harness.metrics import read_metrics
+from harness.results.metrics import read_metrics
+from harness.results.summarize import edge_window
 
 SCHEMA_VERSION = 1
 HISTORY_DIR = "history"
 # The columns of summary.csv that are measurements (the rest are identity or counts).
-METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "time_probe_s_median",
+HISTORY_METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "time_probe_s_median",
            "cpu_contention",
            "cpu_foreign_load", "time_step_s_median", "time_gen_s_median", "time_transition_s_median",
            "time_train_s_median", "time_transition_s_p90", "wall_time_s", "reward_first10", "reward_last10",
@@ -68,7 +69,7 @@ def reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
     Enough to tell when a run first reached a reward level, and at what training time (time-to-reward).
     """
     df = metrics.sort_values("step")
-    window = max(1, round(len(df) * 0.1))
+    window = edge_window(len(df))
     smooth = df["reward_mean"].rolling(window, min_periods=1).mean()
     elapsed = df["time_step_s"].cumsum()
     idx = sorted({round(i) for i in [k * (len(df) - 1) / max(1, points - 1) for k in range(points)]})
@@ -112,7 +113,7 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
             "run_id": r["run_id"],
             "seed": int(r["seed"]),
             "created": manifest["created"],
-            "metrics": {k: _finite(r[k]) for k in METRICS if k in r},
+            "metrics": {k: _finite(r[k]) for k in HISTORY_METRICS if k in r},
             "curve": reward_curve(metrics),
             "provenance": {"versions": manifest.get("versions", {}), "git": manifest.get("git", {}),
                            "config": manifest["config"], "hardware": manifest["hardware"],

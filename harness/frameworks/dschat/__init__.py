@@ -34,12 +34,10 @@ from typing import Any
 
 import pandas as pd
 
-from harness import HarnessError, metrics
-from harness.envs import REPO, ensure_env, env_command
+from harness import HarnessError
 from harness.frameworks import (
-    IDENTITY,
+    PLAN_IDENTITY,
     Adapter,
-    dschat_launcher,
     environment,
     get_adapter,
     on_cpu,
@@ -47,8 +45,12 @@ from harness.frameworks import (
     reward_serving,
     run_plan,
 )
+from harness.frameworks.dschat import launcher as dschat_launcher
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
+from harness.results import metrics
+from harness.runtime.container import env_command
+from harness.runtime.envs import REPO, ensure_env
 
 NAME = "dschat"
 ENV = "dschat"  # workflows/envs/dschat.txt: the GPU run environment
@@ -402,7 +404,7 @@ def _hyperparameters(config: dict, seed: int, settings: dict) -> list[dict]:
 
 
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
-    from harness.task import read_dataset
+    from harness.inputs.task import read_dataset
 
     inputs = resolve_inputs(inputs_dir)
     dataset = read_dataset(inputs["dataset"]["path"])
@@ -579,7 +581,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         (entry["json"] if _is_json_lines(path) else entry["printed"]).append(path)
     frames = []
     for entry in by_run.values():
-        ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in IDENTITY}
+        ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in PLAN_IDENTITY}
         planned_gpus = ident.pop("n_gpus")
         gpus = n_gpus if n_gpus is not None else planned_gpus or 0
         printed = [b for p in entry["printed"] for b in parse_printed(p)]
