@@ -13,7 +13,7 @@ reader can tell.
 `power` builds synthetic nightly series by resampling those measurements: a pipeline run is drawn whole (its
 seeds together, so load shared by the seeds of one run stays shared) and its per-seed values are expressed as
 ratios to the per-seed median over all measured runs, so the seed's own workload cancels. A series of H history
-runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.check.assess): with no
+runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess): with no
 change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
 next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two
 nights 10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
@@ -108,7 +108,7 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     PERSISTENCE - 1 nights after a fix (`fixed_after` nights `fix_drop` slower, then back: false alarms too).
     `otava`, when a list, receives each case's nightly series (one value a night, as Otava takes it) for
     `otava_rates`: (case, throughput at the machine's speed over its level, median over seeds, first night judged)."""
-    from harness.regression.check import (
+    from harness.regression.statistics import (
         ADJUSTED,
         METRICS,
         PERSISTENCE,
@@ -235,7 +235,7 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
 
 
 def power(args) -> int:
-    from harness.regression.check import (
+    from harness.regression.statistics import (
         CONTENTION_MARGIN,
         FOREIGN_LOAD_MARGIN,
         METRICS,

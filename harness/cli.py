@@ -183,7 +183,7 @@ def cmd_baseline_update(args: argparse.Namespace) -> None:
     import shlex
 
     from harness.io import write_json
-    from harness.regression.check import build_baseline
+    from harness.regression.baseline import build_baseline
 
     profile = args.profile
     if profile is None:
@@ -200,7 +200,8 @@ def cmd_baseline_update(args: argparse.Namespace) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness.regression.check import check, render_markdown, write_alerts
+    from harness.regression.alerts import render_markdown, write_alerts
+    from harness.regression.check import check
 
     result = check(args.baseline, args.results)
     write_alerts(result, args.results)

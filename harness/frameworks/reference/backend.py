@@ -84,8 +84,8 @@ class _Clock:
         A shared or virtual CPU runs faster or slower from minute to minute (frequency, other tenants' cache and
         memory traffic), and that drift is most of the run-to-run noise of a throughput figure. Timed after every
         step, outside the step, the probe feels the same drift, and the regression check takes it out of the
-        throughput (harness.regression.check.machine_sensitivity), while a slowdown in the run's own code leaves the
-        probe as it was. Its shapes are those of a small transformer block, like the CPU profiles' policy; it does
+        throughput (harness.regression.statistics.machine_sensitivity), while a slowdown in the run's own code leaves
+        the probe as it was. Its shapes are those of a small transformer block, like the CPU profiles' policy; it does
         not use the policy, so a slower model or training loop cannot slow the probe with it."""
         if self.device.type == "cuda":
             return None

@@ -1,0 +1,83 @@
+"""The check's verdict for people: alerts.md (Markdown) and alerts.json in the results directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.io import write_json, write_text
+from harness.regression.statistics import MIN_HISTORY, NEIGHBOURS, PERSISTENCE, Z_CRIT, Z_SUPPORT
+
+
+def _fmt(value: float | None, unit: str | None = None) -> str:
+    if value is None:
+        return "n/a"
+    if unit == "%":
+        return f"{value:+.1f}%"
+    return f"{value:+.3f}" if unit == "absolute" else f"{value:.4g}"
+
+
+def _changes_md(changes: dict) -> list[str]:
+    lines = []
+    for fw, groups in changes.items():
+        items = [f"- {group}: `{d['key']}` {d['baseline']!r} -> {d['current']!r}"
+                 for group, diffs in groups.items() for d in diffs]
+        lines += [f"### {fw}", *(items or ["- nothing: same framework version, config, harness commit, packages, "
+                                          "inputs"]), ""]
+    return lines
+
+
+def render_markdown(result: dict) -> str:
+    head = {"regression": "REGRESSION: a throughput or transition-time regression was found",
+            "ok": "OK: no regression",
+            "contended": "NOT JUDGED: the run waited for the CPU (another job held the cores); rerun it on a quiet "
+                         "machine; no alert raised",
+            "insufficient history":
+            "NOT JUDGED: too little history to know the noise (see below); no alert raised"}[result["status"]]
+    lines = [f"# Regression check: {head}", "",
+             f"- run: `{result['pipeline_run']}` ({result['pipeline_time']}), profile `{result['profile']}`",
+             f"- hardware: {result['hardware']}", f"- baseline: `{result['baseline']}`", ""]
+    header = ["| framework | metric | status | baseline | current | change | noise (1 sigma) | z | history runs |"
+              " seeds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def row(c: dict) -> str:
+        if c.get("metric") == "*":
+            return f"| {c['framework']} | * | {c['status']}: {c['reason']} | | | | | | | |"
+        ev = c["evidence"]
+        unit = c["unit"]
+        status = c["status"] + (f" ({c['reason']})" if c.get("reason") else "")
+        z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
+        return (f"| {c['framework']} | {c['label']} | {status} | {_fmt(c['baseline'])} | {_fmt(c['current'])} |"
+                f" {_fmt(c['change'], unit)} | {_fmt(ev['noise'], unit).lstrip('+')} | {z} | {ev['n_history_runs']} |"
+                f" {len(ev['seeds'])} |")
+
+    for title, kind in (("Alerts (throughput, transition time)", "alert"),
+                        ("Context (raw throughput: the figure adjusted for the machine's speed decides; never fails "
+                         "the check)", "context"),
+                        ("Advisory (reward curve, machine speed; never fails the check)", "advisory")):
+        rows = [row(c) for c in result["checks"] if c["class"] == kind]
+        if rows or kind != "context":
+            lines += [f"## {title}", "", *header, *rows, ""]
+        if kind == "alert":
+            lines += [f"Machine-speed adjustment ({c['framework']}): throughput brought to the baseline's probe time "
+                      f"{ms['probe_reference_s']:.4g} s with theta {ms['theta']:.2f} (throughput falls theta % per % "
+                      f"the probe slows; Theil-Sen fit over {ms['points']} quiet history points, correlation "
+                      f"{_fmt(ms['correlation'])})." for c in result["checks"]
+                      if (ms := c.get("evidence", {}).get("machine_sensitivity")) and ms["correlation"] is not None]
+            lines += [""] if lines[-1] else []
+    lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
+    lines += ["## Method", "",
+              "Change = median over seeds of each seed's change against the same seed in the baseline (paired; log "
+              "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
+              f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
+              f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
+              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at "
+              f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than "
+              f"{MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+    return "\n".join(lines)
+
+
+def write_alerts(result: dict, results_dir: str | Path) -> None:
+    results_dir = Path(results_dir)
+    write_json(results_dir / "alerts.json", result)
+    write_text(results_dir / "alerts.md", render_markdown(result))
+

@@ -1,0 +1,263 @@
+"""Regression statistics: the metrics the check judges, the noise of a series, the machine-speed adjustment,
+and the verdict on one metric (assess). The method is described in harness/regression/check.py and
+docs/regression.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+Z_CRIT = 3.0
+MIN_HISTORY = 8
+MIN_BASELINE_RUNS = 3
+NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
+PERSISTENCE = 5  # runs (this one and the previous ones, a working week) whose mean change may confirm a drop
+Z_SUPPORT = 1.5  # noise levels a night must be worse by on its own before persistence may count it
+MAD_TO_SIGMA = 1.4826
+REWARD_TARGET_FRACTION = 0.8
+CONTENTION_MARGIN = 1.05
+FOREIGN_LOAD_MARGIN = 0.25  # cores of other work beyond the series' usual before a CPU run's timings are doubtful
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    kind: str  # "alert" or "advisory"
+    higher_is_better: bool
+    log_scale: bool  # compare ratios (times, rates) rather than differences (rewards)
+    min_effect: float  # log-ratio or absolute difference below which no change matters
+    timed: bool  # measured with a clock, so a run that waited for the CPU cannot be judged on it
+    # A better-controlled figure of the same thing: where that one is judged, this one is shown as context.
+    defer_to: str | None = None
+
+    def transform(self, x: float) -> float:
+        return math.log(x) if self.log_scale else x
+
+    def change(self, delta: float) -> float:
+        """A difference in transformed units as the user reads it: % for ratios, absolute otherwise."""
+        return 100 * math.expm1(delta) if self.log_scale else delta
+
+
+ADJUSTED = "throughput_tok_s_machine"
+PROBE = "time_probe_s_median"
+METRICS = (
+    Metric(ADJUSTED, "throughput at the baseline's machine speed (tokens/s, adjusted by the probe; CPU runs)",
+           "alert", True, True, math.log(1 / 0.97), True),
+    Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97), True, ADJUSTED),
+    Metric("throughput_tok_cpu_s", "throughput per CPU-second (tokens/CPU-s; CPU runs)", "alert", True, True,
+           math.log(1 / 0.97), True, ADJUSTED),
+    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True),
+    # The machine's own speed: when it changes, the raw throughput follows it and the adjusted one does not.
+    Metric(PROBE, "machine speed probe (s per fixed workload; CPU runs)", "advisory", False, True, math.log(1.03),
+           True),
+    Metric("reward_last10", "final reward (last 10% of steps)", "advisory", True, False, 0.05, False),
+    Metric("time_to_reward_s", "time to reward target (s of training)", "advisory", False, True, math.log(1.25),
+           True),
+)
+
+
+def machine_sensitivity(throughput: pd.DataFrame, probe: pd.DataFrame) -> tuple[float, float, int]:
+    """How strongly a series' throughput follows the machine-speed probe: (theta, correlation, points).
+
+    From history tables (runs x seeds) of log throughput and log probe time: each value minus its seed's median,
+    then the Theil-Sen slope (the median of the pairwise slopes: a freak run or an old regression, which moves the
+    throughput but not the probe, cannot tilt it) of throughput on probe time. theta is minus that slope, at
+    least 0: how many percent throughput loses per percent the probe slows. A probe that says nothing about the
+    run gives theta near 0 and adjusts nothing; the history, not an assumption, sets how much it corrects."""
+    y, x = throughput.align(probe, join="inner")
+    x, y = (x - x.median()).to_numpy(float).ravel(), (y - y.median()).to_numpy(float).ravel()
+    ok = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[ok], y[ok]
+    i, j = np.triu_indices(len(x), 1)
+    dx = x[j] - x[i]
+    if not np.any(dx != 0):
+        return 0.0, float("nan"), len(x)
+    slope = float(np.median((y[j] - y[i])[dx != 0] / dx[dx != 0]))
+    return max(0.0, -slope), float(np.corrcoef(x, y)[0, 1]), len(x)
+
+
+# One run's figure (the check) or arrays of them (benchmarks/regression_power.py).
+_Values = TypeVar("_Values", float, np.ndarray)
+
+
+def adjust_for_machine(throughput: _Values, probe: _Values, theta: float, probe_reference: float) -> _Values:
+    """Throughput as it would have been at the reference probe time (the baseline's machine speed)."""
+    return throughput * (probe / probe_reference) ** theta
+
+
+def time_to_reward(curve: dict, target: float) -> float | None:
+    """Training time (summed step time) at which the smoothed reward first reached `target`; None if never."""
+    for elapsed, reward in zip(curve["elapsed_s"], curve["reward"]):
+        if reward >= target:
+            return float(elapsed)
+    return None
+
+
+
+def run_residuals(table: pd.DataFrame) -> np.ndarray:
+    """Each past run's change against its neighbours, from a (runs in time order) x (seeds) table.
+
+    Each value minus the median of the same seed's neighbouring runs (NEIGHBOURS on each side, itself left out),
+    median over seeds: the statistic the check computes for the current run, on runs with no known change.
+    """
+    values = table.to_numpy(dtype=float)
+    residuals = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: a seed absent from some runs
+        for i in range(len(values)):
+            lo, hi = max(0, i - NEIGHBOURS), min(len(values), i + NEIGHBOURS + 1)
+            around = np.delete(values[lo:hi], i - lo, axis=0)
+            if len(around):
+                per_seed = values[i] - np.nanmedian(around, axis=0)
+                if not np.all(np.isnan(per_seed)):
+                    residuals.append(np.nanmedian(per_seed))
+    return np.asarray(residuals)
+
+
+def noise_level(table: pd.DataFrame) -> tuple[float, int]:
+    """Robust run-to-run noise (1.4826 x MAD of the run residuals) and how many runs it rests on."""
+    return null_of(table)[:2]
+
+
+def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
+    """(noise, how many run residuals it rests on, the widest past deviation) of a history with no known change.
+
+    The widest deviation matters on a shared machine: noise has heavy tails that a MAD from a few runs
+    underestimates, so a change must also beat what the series has already shown."""
+    r = run_residuals(history) if len(history) else np.array([])
+    if not len(r):
+        return float("nan"), 0, float("nan")
+    spread = np.abs(r - np.median(r))
+    return float(MAD_TO_SIGMA * np.median(spread)), len(r), float(np.max(spread))
+
+
+def series_table(rows: list[dict], metric: Metric, values: Callable[[dict], float | None]) -> pd.DataFrame:
+    records = [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "seed": r["seed"],
+                "value": metric.transform(v)} for r in rows if (v := values(r)) is not None and
+               (not metric.log_scale or v > 0)]
+    if not records:
+        return pd.DataFrame()
+    df = pd.DataFrame(records)
+    order = df.groupby("pipeline_run")["pipeline_time"].first().sort_values().index
+    return df.pivot_table(index="pipeline_run", columns="seed", values="value", aggfunc="median").loc[order]
+
+
+def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
+           history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None,
+           runs: list[str] | None = None) -> dict:
+    """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
+
+    `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
+    `baseline`: seed -> values over its runs; `history`: past runs x seeds of transformed values (for the noise);
+    `runs`: the names of this run and of the `previous` ones, for saying since when a series is back to its baseline.
+    """
+    tr = metric.transform
+    base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
+    seeds = sorted(s for s in current if s in base_ref)
+    n_history = len(history)
+    sigma, n_resid, largest = null_of(history)
+    n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
+    unit = "%" if metric.log_scale else ""
+    out: dict[str, Any] = {"metric": metric.name, "label": metric.label, "class": metric.kind,
+           "baseline": float(np.median([v for vs in baseline.values() for v in vs])) if baseline else None,
+           "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
+           "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
+                                 f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more "
+                                 "than any past run deviated, in this run or on average over this and up to "
+                                 f"{PERSISTENCE - 1} previous runs, each worse by >= {Z_SUPPORT} x noise on its own "
+                                 "and not clearly worse than this one"),
+                        "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
+                        "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
+                        "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
+                        "per_seed_change": {}}}
+    if not seeds:
+        out.update(status="no comparison", reason="no seed in common with the baseline")
+        return out
+    missing = [s for s in seeds if current[s] is None]
+    present = [s for s in seeds if current[s] is not None]
+    if present:
+        out["current"] = float(np.median([current[s] for s in present]))
+    if missing and metric.name == "time_to_reward_s":
+        out.update(status="regression" if len(missing) * 2 >= len(seeds) else "ok",
+                   reason=f"seeds {missing} never reached the reward target")
+        return out
+    sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
+
+    def worse_of(values: dict[int, float | None]) -> tuple[float | None, dict[int, float]]:
+        per_seed = {s: sign * (tr(v) - base_ref[s]) for s in seeds if (v := values.get(s)) is not None}
+        return (float(np.median(list(per_seed.values()))) if per_seed else None), per_seed
+
+    worse, per_seed = worse_of(current)
+    if worse is None:  # e.g. a metric the baseline's runs recorded and this run's producer does not
+        out.update(status="no comparison", reason=f"this run has no {metric.name} value for seeds {seeds}")
+        return out
+    out["change"] = metric.change(sign * worse)
+    out["evidence"]["per_seed_change"] = {str(s): round(metric.change(sign * w), 4) for s, w in per_seed.items()}
+    if n_resid < MIN_HISTORY or math.isnan(sigma):
+        out.update(status="insufficient history",
+                   reason=f"{n_resid} past runs give the noise level; {MIN_HISTORY} are needed to judge a change")
+        return out
+    sigma = max(sigma, 1e-12)  # a deterministic metric (a reward with fixed seeds) has no noise: the effect decides
+    z = worse / sigma
+    out["evidence"]["z"] = z
+    changes = [worse]  # this run's, then the previous runs' while they have a value
+    for values in (previous or [])[:PERSISTENCE - 1]:
+        before, _ = worse_of(values)
+        if before is None:
+            break
+        changes.append(before)
+    # The mean of m runs' changes is judged against the history before the m - 1 previous runs it includes (they
+    # are under test, not the null). Averaging shrinks the runs' own noise by m but not the baseline's, which all
+    # m changes share: with a baseline median of n runs holding c = (pi / 2) / n of a run's variance, the mean's
+    # noise is sigma * sqrt((1/m + c) / (1 + c)); the widest past deviation it must beat shrinks alike.
+    share = (math.pi / 2) / max(n_base_runs, 1)
+    nulls = {1: (sigma, n_resid, largest)}
+    nulls.update({m: null_of(history.iloc[:n_history - (m - 1)]) for m in range(2, len(changes) + 1)})
+    shrink = {m: math.sqrt((1 / m + share) / (1 + share)) for m in nulls}
+    z_runs = {m: float(np.mean(changes[:m])) / (max(nulls[m][0], 1e-12) * shrink[m])
+              for m in range(2, len(changes) + 1) if nulls[m][1] >= MIN_HISTORY}
+    out["evidence"]["z_runs"] = {str(m): zz for m, zz in z_runs.items()}
+
+    def decided(ws: list[float]) -> bool:
+        mean, m = float(np.mean(ws)), len(ws)
+        s_m, n_m, largest_m = nulls[m]
+        return (n_m >= MIN_HISTORY and mean >= metric.min_effect and mean / (max(s_m, 1e-12) * shrink[m]) >= Z_CRIT
+                and mean > largest_m * shrink[m])
+
+    def worse_itself(w: float) -> bool:
+        """A night worse than the noise on its own figure: the only kind persistence may add to or confirm."""
+        return w / sigma >= Z_SUPPORT
+
+    def same_level(w: float) -> bool:
+        """An earlier night not clearly worse than this one (by Z_CRIT noise levels of the difference of two runs,
+        in which the baseline's error cancels): a night clearly better than those before it has changed since."""
+        return w - worse < Z_CRIT * sigma * math.sqrt(2)
+
+    # Persistence confirms a night only with the unbroken run of nights before it that are each worse on their own
+    # and at this night's level: a night back within noise ends the run, and a fixed night is not carried by the
+    # regressed nights before it, so an earlier night's verdict never carries into a fixed one.
+    streak = next((k for k, w in enumerate(changes) if not (worse_itself(w) and same_level(w))), len(changes))
+    persisted = next((m for m in range(2, streak + 1) if decided(changes[:m])), None)
+    if decided([worse]):
+        out["status"] = "regression"
+    elif persisted:
+        out.update(status="regression",
+                   reason=f"persisted over the last {persisted} runs (mean z {z_runs[persisted]:+.1f})")
+    elif decided([-worse]):
+        out["status"] = "improved"
+    else:
+        out["status"] = "ok"
+        back = next((k for k, w in enumerate(changes) if decided([w])), None)  # the last night worse on its own
+        if back and runs and back < len(runs):
+            out["reason"] = (f"back to the baseline since run {runs[back - 1]}: run {runs[back]} before it was "
+                             f"{metric.change(sign * changes[back]):+.1f}{unit} (z {changes[back] / sigma:+.1f})")
+    return out
+
+
