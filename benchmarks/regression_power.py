@@ -13,10 +13,10 @@ reader can tell.
 `power` builds synthetic nightly series by resampling those measurements: a pipeline run is drawn whole (its
 seeds together, so load shared by the seeds of one run stays shared) and its per-seed values are expressed as
 ratios to the per-seed median over all measured runs, so the seed's own workload cancels. A series of H history
-runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess): with no
-change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
-next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two
-nights 10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
+runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess):
+with no change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
+next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two nights
+10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
 rates for 1 to 3 seeds and several history lengths, and exits 1 when no row meets the targets (<= 1% false alarms,
 after a fix too, and >= 95% detection of a lasting 5% drop by night DETECT_BY). With --otava it judges the same
 series with Apache Otava's change-point detection too. Contended runs are left out first, as the check leaves
