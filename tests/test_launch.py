@@ -1,13 +1,17 @@
 """Launching a planned run: real subprocesses, exit codes, timeouts that kill the whole process tree."""
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from harness import HarnessError
 from harness.config import validate_config
 from harness.runtime.launch import launch
+from harness.runtime.launch_script import RUN_DIR, launch_script
 
 CONFIG = validate_config({})
 
@@ -72,3 +76,22 @@ def test_a_hang_is_killed_at_the_timeout_with_its_children(tmp_path):
 def test_not_a_plan_directory(tmp_path):
     with pytest.raises(HarnessError, match="not a plan directory"):
         launch(tmp_path, tmp_path / "run", timeout_min=1, config=CONFIG)
+
+
+def test_the_written_launch_sh_runs_the_planned_argv_word_for_word_from_the_run_directory(tmp_path):
+    """The one launch.sh every adapter writes: plan.json's argv and env_vars reach the program exactly, with the
+    RUN_DIR placeholder expanded, quoting and all; the program runs in the run directory, beside plan.json."""
+    show = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd(), 'env': os.environ['DEMO_OUT']},"
+            " open('seen.json', 'w'))")
+    argv = [sys.executable, "-c", show, "--flag", "it's \"quoted\" $HOME `x`", "--out", f"{RUN_DIR}/a b", "-x", ""]
+    d = plan(tmp_path, launch_script(title="demo", argv=argv, env_vars={"DEMO_OUT": f"{RUN_DIR}/out dir"}))
+    run = tmp_path / "run"
+    launch(d, run, timeout_min=1, config=CONFIG)
+    seen = json.loads((run / "seen.json").read_text())
+    real = seen["cwd"]  # the run directory while it ran: launch() writes it under a temporary name, then renames it
+    assert Path(real).name == "run" and Path(real).parent.parent == tmp_path.resolve()
+    assert seen == {"argv": ["--flag", "it's \"quoted\" $HOME `x`", "--out", f"{real}/a b", "-x", ""], "cwd": real,
+                    "env": f"{real}/out dir"}
+    assert json.loads((run / "plan.json").read_text())["run_id"] == "demo-s1"
+    proc = subprocess.run(["bash", d / "launch.sh"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: bash launch.sh RUN_DIR" in proc.stderr

@@ -26,6 +26,7 @@ from harness.inputs import resolve_reward, task
 from harness.reward.server import RewardServer
 from harness.reward.shared import load_shared_reward
 from harness.runtime import envs
+from harness.runtime.launch_script import shell_command
 
 FIXTURES = REPO / "tests" / "fixtures" / "openrlhf"
 RUN = FIXTURES / "run"
@@ -164,7 +165,8 @@ def test_plan_exports_prompts_agent_and_reward_url(planned, a100x8):
     assert agent["min_tokens_is_max_tokens"] is (rc["generation_length"] == "fixed")
     launch = (planned / "launch.sh").read_text()
     assert subprocess.run(["bash", "-n", str(planned / "launch.sh")]).returncode == 0
-    assert shlex.join(json.loads((planned / "plan.json").read_text())["argv"]) in launch
+    argv = json.loads((planned / "plan.json").read_text())["argv"]
+    assert shell_command(argv) + ' 2>&1 | tee "$RUN_DIR/openrlhf.log"' in launch
 
 
 @pytest.mark.parametrize("change, message", [

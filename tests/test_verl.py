@@ -25,6 +25,7 @@ from harness.frameworks import reward_serving
 from harness.frameworks import verl as vr
 from harness.inputs import resolve_reward
 from harness.runtime.envs import ensure_env
+from harness.runtime.launch_script import shell_command
 
 FIXTURES = REPO / "tests" / "fixtures" / "verl"
 RUN = FIXTURES / "run"
@@ -212,7 +213,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert int(o["trainer.nnodes"]) == cfg["launch"]["nnodes"]
     assert all(int(o[k]) == SEED for k in vr.SEED_KEYS)
     assert o["trainer.logger"] == "[console,file]"
-    assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/verl_metrics.jsonl"}
+    assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "$RUN_DIR/verl_metrics.jsonl"}
     bridge = REPO / "harness" / "frameworks" / "verl" / "reward_function.py"
     assert o["reward.custom_reward_function.path"] == str(bridge)
     assert o["data.train_files"] == f"[{planned / 'train.parquet'}]"
@@ -229,7 +230,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert plan["reward"] == {"kind": "rule", "checkpoint": None, "sha256": plan["inputs"]["reward"]["sha256"],
                               "scored_by": "in-process"}
     script = (planned / "launch.sh").read_text()
-    assert "serve-reward" not in script and f"exec {shlex.join(plan['argv'])}" in script
+    assert "serve-reward" not in script and f"exec {shell_command(plan['argv'])}" in script
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +259,8 @@ def test_plan_with_a_reward_model_serves_the_checkpoint(planned_model, model_inp
     assert subprocess.run(["bash", "-n", planned_model / "launch.sh"]).returncode == 0
     assert (f"serve-reward --host 127.0.0.1 --inputs {model_inputs['inputs']} --device cpu --batch-size 8"
             in script)
-    assert f"\n{shlex.join(plan['argv'])}\n" in script and "exec " not in script  # the EXIT trap stops the server
+    # the EXIT trap stops the server
+    assert f"\n{shell_command(plan['argv'])}\n" in script and "exec " not in script
     assert f"export REWARD_URL {reward_serving.URL_VAR}=" in script
 
 
@@ -285,6 +287,7 @@ def test_launch_serves_the_reward_model_to_verl_and_stops_the_server(planned_mod
     stand_in.chmod(0o755)
     script = tmp_path / "launch.sh"
     script.write_text((planned_model / "launch.sh").read_text().replace(argv0, str(stand_in)))
+    shutil.copy2(planned_model / "plan.json", tmp_path / "plan.json")
     run_dir = tmp_path / "run"
     proc = subprocess.run(["bash", script, run_dir], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -359,7 +362,7 @@ def test_plan_refuses_a_profile_without_gpus(a100x8, tmp_path):
 def test_launch_script_is_valid_bash_and_says_how_to_build_the_env(planned, tmp_path):
     script = (planned / "launch.sh").read_text()
     assert subprocess.run(["bash", "-n", planned / "launch.sh"]).returncode == 0
-    assert 'export VERL_FILE_LOGGER_PATH="${RUN_DIR}/verl_metrics.jsonl"' in script
+    assert 'export VERL_FILE_LOGGER_PATH="$RUN_DIR"/verl_metrics.jsonl' in script
     if (REPO / ".venvs" / "verl" / "bin" / "python").exists():
         pytest.skip("a verl GPU environment is built here; launching would start a real run")
     proc = subprocess.run(["bash", planned / "launch.sh", tmp_path / "run"], capture_output=True, text=True)

@@ -20,6 +20,7 @@ from harness.frameworks import verl as vr
 from harness.inputs import build_dataset, build_policy, build_reward
 from harness.runtime import envs
 from harness.runtime.envs import ensure_env
+from harness.runtime.launch_script import shell_word
 
 CONFIGS = REPO / "workflows" / "config"
 
@@ -86,7 +87,7 @@ def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_pl
     for setting in vr.CPU_SETTINGS:
         assert deviations[setting["key"]]["cause"].startswith("CPU run: ")
         assert all(o in plan["argv"] for o in setting.get("overrides", ()))
-        assert all(f'export {k}="{v}"' in script for k, v in setting.get("env", {}).items())
+        assert all(f"export {k}={shell_word(v)}" in script for k, v in setting.get("env", {}).items())
     # The GPU profile's plan carries none of it.
     gpu = tmp_path / "gpu"
     assert run_cli("plan", "verl", "--config", a100x8["config_path"], "--seed", 1, "--inputs", a100x8["inputs"],

@@ -49,8 +49,9 @@ from harness.frameworks.dschat import launcher as dschat_launcher
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
-from harness.runtime.container import env_command
+from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import REPO, ensure_env
+from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script
 
 NAME = "dschat"
 ENV = "dschat"  # workflows/envs/dschat.txt: the GPU run environment
@@ -62,8 +63,6 @@ MAIN = "step3_rlhf_finetuning/main.py"
 CHECKOUT_ENV = "REMAX_BENCH_REMAX_CHECKOUT"  # where conformance (which has no config) finds the checkout
 STEPS_LOG = "dschat_steps.log"  # the launcher's JSON lines, in the run directory
 LAUNCHER = Path(dschat_launcher.__file__)
-RUN_DIR = "$RUN_DIR"  # in plan.json argv: the run directory given to launch.sh
-REWARD_URL = "$REWARD_URL"  # in plan.json argv: the shared reward server that launch.sh starts (reward model)
 ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batch size x configured lengths
 # main.py: `if (global_step + 1) % (len(prompt_train_dataloader) // 20) == 0` (evaluation every 1/20 epoch)
 MIN_BATCHES = 20
@@ -285,49 +284,29 @@ def main_args(argv: list[str]) -> list[str]:
     return argv[i:]
 
 
-def _shell_word(arg: str) -> str:
-    """Quote `arg` for bash, leaving $RUN_DIR and $REWARD_URL in it expanded."""
-    if arg == REWARD_URL:
-        return '"$REWARD_URL"'
-    return '"$RUN_DIR"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
-
-
-def _launch_script(argv: list[str], checkout: Path, reward_server: str | None, env_vars: dict, env: str) -> str:
-    """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
-    the server after it, so the deepspeed launcher runs as a child instead of replacing the shell."""
-    lines = [[_shell_word(argv[0])]]
-    for prev, arg in itertools.pairwise(argv):  # one option (with its value) per line
-        if arg.startswith("-") or not prev.startswith("-"):
-            lines.append([])
-        lines[-1].append(_shell_word(arg))
-    command = " \\\n  ".join(" ".join(words) for words in lines)
-    return f"""#!/usr/bin/env bash
-# DeepSpeed-Chat / official ReMax (liziniu/ReMax {REMAX_COMMIT[:7]}), written by `remax-bench plan {NAME}`.
-# Usage: bash launch.sh RUN_DIR   (in the environment built by `remax-bench env {env}`)
-set -euo pipefail
-mkdir -p "$1"
-RUN_DIR=$(cd "$1" && pwd)
-PLAN_DIR=$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)
-CHECKOUT={shlex.quote(str(checkout))}
+def _checkout_check(checkout: Path) -> str:
+    """launch.sh's check: refuse a checkout that is not the pinned, unedited official code."""
+    return f"""CHECKOUT={shlex.quote(str(checkout))}
 HEAD=$(git -C "$CHECKOUT" rev-parse HEAD 2>&1 || true)
 if [ "$HEAD" != {REMAX_COMMIT} ]; then
-  echo "$CHECKOUT: not the pinned ReMax checkout ({REMAX_COMMIT}; git rev-parse HEAD: $HEAD);" \
+  echo "$CHECKOUT: not the pinned ReMax checkout ({REMAX_COMMIT}; git rev-parse HEAD: $HEAD);" \\
     "make it with workflows/rules/setup.smk" >&2
   exit 2
 fi
 # A locally edited checkout would run as the official code under the pinned commit's name.
 EDITED=$(git -C "$CHECKOUT" status --porcelain --untracked-files=no 2>&1 || true)
 if [ -n "$EDITED" ]; then
-  echo "$CHECKOUT: the pinned ReMax checkout has local changes (git status: $EDITED); it is no longer the" \
+  echo "$CHECKOUT: the pinned ReMax checkout has local changes (git status: $EDITED); it is no longer the" \\
     "official code" >&2
   exit 2
 fi
+"""
+
+
 # DeepSpeed-Chat reads local/jsonfile data from data/ beside the checkout (utils/data/data_utils.py).
-ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
+_RUN_LAYOUT = """ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
 ln -sfn "$PLAN_DIR/data" "$RUN_DIR/data"
 mkdir -p "$RUN_DIR/output" "$RUN_DIR/data_files"
-export {" ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items())}
-{reward_server or ""}{"" if reward_server else "exec "}{command}
 """
 
 
@@ -433,7 +412,11 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         _actor_dir(policy, tmp / "actor", actor)
         _export_data(dataset["train"] * settings["passes"], tmp / "data" / "train.json")
         _export_data(dataset["eval"], tmp / "data" / "eval.json")
-        write_text(tmp / "launch.sh", _launch_script(argv, checkout, server, env_vars, env))
+        write_text(tmp / "launch.sh", launch_script(
+            title=f"DeepSpeed-Chat / official ReMax (liziniu/ReMax {REMAX_COMMIT[:7]}), planned by "
+                  f"`remax-bench plan {NAME}`",
+            argv=argv, env_vars=env_vars, env_check=env_check(env, config, "deepspeed"),
+            checks=_checkout_check(checkout), setup=_RUN_LAYOUT, reward_server=server))
         write_json(tmp / "plan.json", {
             "framework": NAME,
             "framework_version": framework_version(env),
@@ -633,44 +616,7 @@ def conformance_cases(config_gamma: float = 1.0) -> dict[str, tuple[dict, float]
     return cases
 
 
-_CONFORMANCE_SCRIPT = r"""
-import json, sys, types
-import torch
-sys.path[:0] = [sys.argv[1] + "/step3_rlhf_finetuning", sys.argv[1]]
-from remax_trainer import DeepSpeedReMaxTrainer
-
-class Tokenizer:
-    pad_token_id = 0
-    def __call__(self, text):
-        return {"input_ids": [0]}
-
-class Actor:  # compute_loss's forward pass: only its loss uses the logits, not the returns compared here
-    def __call__(self, input_ids, attention_mask=None, use_cache=False):
-        return types.SimpleNamespace(logits=torch.zeros(*input_ids.shape, 4))
-
-out = {}
-for name, spec in json.loads(sys.stdin.read()).items():
-    case, gamma = spec["case"], spec["gamma"]
-    engine = types.SimpleNamespace(actor=Actor(), ref=None, reward=None, tokenizer=Tokenizer())
-    args = types.SimpleNamespace(max_answer_seq_len=4, end_of_conversation_token="</s>", actor_zero_stage=0,
-                                 reference_zero_stage=0, kl_ctl=case["kl_coef"], gamma=gamma)
-    trainer = DeepSpeedReMaxTrainer(engine, args)
-    mask = torch.tensor(case["mask"], dtype=torch.long)
-    b, t = mask.shape
-    kl = torch.tensor(case["kl"], dtype=torch.float32)
-    # One prompt token, then the response: logprobs[:, i] scores token i + 1, so response token j sits at i = j.
-    inputs = {
-        "prompts": torch.zeros(b, 1, dtype=torch.long),
-        "logprobs": kl, "ref_logprobs": torch.zeros_like(kl),
-        "rewards": torch.tensor(spec["scores"], dtype=torch.float32),
-        "baseline_rewards": torch.tensor(case["baselines"], dtype=torch.float32),
-        "attention_mask": torch.cat([torch.ones(b, 1, dtype=torch.long), mask], 1),
-        "input_ids": torch.zeros(b, t + 1, dtype=torch.long),
-    }
-    _, returns, _ = trainer.compute_loss(inputs)
-    out[name] = {"returns": (returns * mask).tolist(), "clip": trainer.clip_reward_value}
-print(json.dumps(out))
-"""
+CONFORMANCE_DRIVER = Path(__file__).with_name("conformance_driver.py")
 
 
 def conformance(config: dict | None = None) -> pd.DataFrame:
@@ -693,7 +639,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     payload: dict[str, dict[str, Any]] = {name: {"case": case, "gamma": g,
                       "scores": case.get("scores") or [sum(r) for r in case["token_scores"]]}
                for name, (case, g) in cases.items()}
-    proc = subprocess.run([str(ensure_env(CPU_ENV)), "-c", _CONFORMANCE_SCRIPT, str(checkout)],
+    proc = subprocess.run([str(ensure_env(CPU_ENV)), str(CONFORMANCE_DRIVER), str(checkout)],
                           input=json.dumps(payload), capture_output=True, text=True,
                           env={**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": ""})
     if proc.returncode:

@@ -40,6 +40,7 @@ from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
 from harness.runtime import container, envs
+from harness.runtime.launch_script import launch_script
 
 NAME = "openrlhf"
 VERSION = "0.11.2"
@@ -142,25 +143,12 @@ def _check_launch(config: dict) -> None:
                            "(DeepSpeed's train batch = micro x accumulation x GPUs)")
 
 
-LAUNCH = """#!/usr/bin/env bash
-# OpenRLHF {version} ReMax run planned by `remax-bench plan openrlhf` (harness/frameworks/openrlhf/); see plan.json.
-# Usage: bash launch.sh RUN_DIR. Writes RUN_DIR/{log} (the job's output), RUN_DIR/reward_server.log, RUN_DIR/plan.json.
-set -euo pipefail
-RUN_DIR="${{1:?usage: bash launch.sh RUN_DIR}}"
-PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-ENV_BIN={env_bin}
-{env_check}mkdir -p "$RUN_DIR"
-RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-cp "$PLAN_DIR/plan.json" "$RUN_DIR/plan.json"
-# The remax estimator goes into the installed package of this environment only (idempotent; refuses another version).
-# An Apptainer image got it when it was built (container.images.openrlhf.setup); here it finds it already there.
-{python3} "$PLAN_DIR/{patch}"
-
-{reward_server}
-cd "$RUN_DIR"  # checkpoints (--ckpt.* defaults, relative) land in the run directory
-export PATH="$ENV_BIN:$PATH" {env_vars}
-unset RAY_ADDRESS  # a fresh local Ray cluster for this run
-{command} 2>&1 | tee "$RUN_DIR/{log}"
+# launch.sh's setup. The remax estimator goes into the installed package of this environment only (idempotent; it
+# refuses another version); an Apptainer image got it when it was built (container.images.openrlhf.setup) and
+# finds it already there. Ray's CLI comes from the environment, and a fresh local Ray cluster serves each run.
+SETUP = """{python3} "$PLAN_DIR/{patch}"
+export PATH={env_bin}:"$PATH"
+unset RAY_ADDRESS
 """
 
 
@@ -188,23 +176,21 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
         write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH,
                                         "min_tokens_is_max_tokens": rc["generation_length"] == "fixed"})
-        write_text(tmp / "launch.sh", LAUNCH.format(
-            version=VERSION, log=LOG, patch=PATCH, env_bin=_sh(envs.ENV_ROOT / ENV / "bin"),
-            env_check=container.env_check(ENV, config, "python3"),
-            python3=shlex.join(container.env_command(ENV, config, "python3")),
+        write_text(tmp / "launch.sh", launch_script(
+            title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
+                  f"RUN_DIR/{LOG}",
+            argv=argv, env_vars=env_vars, env_check=container.env_check(ENV, config, "python3"),
+            setup=SETUP.format(python3=shlex.join(container.env_command(ENV, config, "python3")), patch=PATCH,
+                               env_bin=shlex.quote(str(envs.ENV_ROOT / ENV / "bin"))),
             reward_server=reward_serving.server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
-            env_vars=" ".join(f"{k}={_sh(v)}" for k, v in env_vars.items()), command=" ".join(map(_sh, argv))))
+            log=LOG))
         write_json(tmp / "plan.json", {
             "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": ENV,
             "argv": argv, "env_vars": env_vars, "n_gpus": config["launch"]["gpus_per_node"], "inputs": inputs,
             "hyperparameters": hyper, "deviations": [], "reward_server": reward_url, "reward": reward,
         })
-
-
-def _sh(value: object) -> str:
-    return shlex.quote(str(value))
 
 
 # -------------------------------------------------------------------------------------------------------- ingest

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +62,7 @@ from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import REPO, ensure_env
+from harness.runtime.launch_script import RUN_DIR, launch_script
 
 NAME = "verl"
 VERSION = "0.9.1"
@@ -311,7 +311,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     dataset = task.read_dataset(inputs["dataset"]["path"])
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
     env = CPU_ENV if cpu else ENV
-    env_vars = {"VERL_FILE_LOGGER_PATH": "${RUN_DIR}/" + METRICS_LOG}
+    env_vars = {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{METRICS_LOG}"}
     deviations = [*DEVIATIONS, *([FIXED_LENGTH_DEVIATION] if config["remax"]["generation_length"] == "fixed" else [])]
     if cpu:
         cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
@@ -333,25 +333,10 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
         write_json(tmp / "plan.json", plan_json)
-        write_text(tmp / "launch.sh", _launch_script(argv, env_vars, server, env_check(env, config)))
-
-
-def _launch_script(argv: list[str], env_vars: dict, reward_server: str | None, check_env: str) -> str:
-    """launch.sh; with `reward_server` (reward_serving.server_block) it serves the reward for the run and stops
-    the server after it, so verl runs as a child instead of replacing the shell."""
-    exports = "".join(f'export {k}="{v}"\n' for k, v in env_vars.items())
-    run = f"{shlex.join(argv)}\n" if reward_server else f"exec {shlex.join(argv)}\n"
-    return f"""#!/usr/bin/env bash
-# verl {VERSION} ReMax run planned by `remax-bench plan verl`; usage: bash launch.sh RUN_DIR
-# verl writes its metrics to RUN_DIR/{METRICS_LOG}; the caller (harness.runtime.launch) captures stdout/stderr to
-# RUN_DIR/console.log and copies plan.json beside them, where ingest finds the run's identity.
-set -euo pipefail
-[ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
-{check_env}mkdir -p "$1"
-RUN_DIR="$(cd "$1" && pwd)"
-{reward_server or ""}{exports}# hydra's outputs/ and any relative path of verl's land in the run directory.
-cd "$RUN_DIR"
-{run}"""
+        write_text(tmp / "launch.sh", launch_script(
+            title=f"verl {VERSION} ReMax run planned by `remax-bench plan verl`; verl's metrics go to "
+                  f"RUN_DIR/{METRICS_LOG}",
+            argv=argv, env_vars=env_vars, env_check=env_check(env, config), reward_server=server))
 
 
 # ---------------------------------------------------------------------------------------------------- ingest
@@ -514,47 +499,11 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------------------------- conformance
 
-# Run in verl's environment: verl's own code on the shared vectors. The sampled scores go through verl's reward
-# placement (RewardManagerBase.assemble_rm_scores is not importable without aiohttp, so its one line is mirrored:
-# score at index valid_response_length - 1), the KL through verl's core_algos.kl_penalty and the fixed coefficient
-# as ray_trainer.apply_kl_penalty applies it, the advantage through the estimator verl registers as "remax", called
-# with the keyword arguments ray_trainer.compute_advantage builds.
-_CONFORMANCE_SCRIPT = r"""
-import json, sys
-import numpy as np, torch
-from verl.trainer.config import AlgoConfig
-from verl.trainer.ppo import core_algos
-from harness.conformance import CASES
-
-fn = core_algos.get_adv_estimator_fn("remax")
-assert fn is core_algos.compute_remax_outcome_advantage
-out = {}
-for name, case in CASES.items():
-    mask = torch.tensor(case["mask"], dtype=torch.float32)
-    if "token_scores" in case:
-        scores = torch.tensor(case["token_scores"], dtype=torch.float32) * mask
-    else:
-        scores = torch.zeros_like(mask)
-        scores[torch.arange(len(mask)), mask.sum(-1).long() - 1] = torch.tensor(case["scores"], dtype=torch.float32)
-    kl = torch.tensor(case["kl"], dtype=torch.float32)
-    kld = core_algos.kl_penalty(kl, torch.zeros_like(kl), kl_penalty="kl") * mask
-    rewards = scores - core_algos.FixedKLController(kl_coef=case["kl_coef"]).value * kld
-    kwargs = {"token_level_rewards": rewards, "response_mask": mask, "config": AlgoConfig(adv_estimator="remax"),
-              "index": np.array([str(i) for i in range(len(mask))], dtype=object)}
-    adv, _ = fn(**kwargs, reward_baselines=torch.tensor(case["baselines"], dtype=torch.float32))
-    out[name] = adv.tolist()
-    if name == "outcome":
-        try:  # a batch without reward_baselines, as ray_trainer.compute_advantage passes it on
-            fn(**kwargs)
-            out["missing_baseline"] = None
-        except Exception as e:
-            out["missing_baseline"] = f"{type(e).__name__}: {e}"
-json.dump(out, sys.stdout)
-"""
+CONFORMANCE_DRIVER = Path(__file__).with_name("conformance_driver.py")
 
 
 def run_verl_conformance(python: Path) -> dict:
-    proc = subprocess.run([str(python), "-c", _CONFORMANCE_SCRIPT], capture_output=True, text=True,
+    proc = subprocess.run([str(python), str(CONFORMANCE_DRIVER)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     if proc.returncode:
         raise HarnessError(f"verl conformance script failed in {python}:\n{proc.stderr[-3000:]}")

@@ -1,0 +1,68 @@
+"""The one way a plan's launch.sh is written, for every framework (docs/design.md, "Adapters").
+
+Every launch.sh takes the run directory as its one argument, stops with exit 2 before it makes anything when the
+framework's checks refuse (e.g. a source checkout that is not the pinned one) or its environment is missing (saying
+the command that builds it), copies plan.json into the run directory (ingest reads the run's
+identity there), runs the framework's own setup lines, serves the shared reward when the plan says so, exports the
+plan's environment variables and runs the planned command from the run directory, so that anything the framework
+writes to a relative path lands there. harness.runtime.launch runs it with stdout and stderr in RUN_DIR/console.log.
+
+plan.json's argv and env_vars are what the script runs, word for word, except for two placeholders that only exist
+once the script runs: RUN_DIR (the run directory) and REWARD_URL (the reward server it started).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+
+RUN_DIR = "$RUN_DIR"
+REWARD_URL = "$REWARD_URL"
+
+
+def shell_word(arg: str) -> str:
+    """`arg` quoted for bash, with the RUN_DIR and REWARD_URL placeholders in it left to expand."""
+    if arg == REWARD_URL:
+        return f'"{REWARD_URL}"'
+    return f'"{RUN_DIR}"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
+
+
+def shell_command(argv: list[str]) -> str:
+    """argv as one bash command, an option and its value per line, so that a reader can find a flag."""
+    lines = [[shell_word(argv[0])]]
+    for prev, arg in itertools.pairwise(argv):
+        if arg.startswith("-") or not prev.startswith("-"):
+            lines.append([])
+        lines[-1].append(shell_word(arg))
+    return " \\\n  ".join(" ".join(words) for words in lines)
+
+
+def launch_script(*, title: str, argv: list[str], env_vars: dict[str, str], checks: str = "", env_check: str = "",
+                  setup: str = "", reward_server: str | None = None, log: str | None = None) -> str:
+    """launch.sh for a planned run.
+
+    `title` says what runs and who planned it. `checks`, `env_check` (harness.runtime.container.env_check) and
+    `setup` are bash lines: the checks refuse a launch (exit 2) before anything is made, the setup runs once RUN_DIR
+    and PLAN_DIR are set. With `reward_server`
+    (harness.frameworks.reward_serving.server_block) the command runs as a child, so that the server's EXIT trap
+    stops the server after it; without one the command replaces the shell. `log`: a file of the run directory
+    that also gets the command's output (a framework whose ingest reads a log of its own name).
+    """
+    exports = "".join(f"export {k}={shell_word(v)}\n" for k, v in env_vars.items())
+    command = shell_command(argv)
+    if log:
+        command += f' 2>&1 | tee "$RUN_DIR/{log}"'
+    elif not reward_server:
+        command = "exec " + command
+    return f"""#!/usr/bin/env bash
+# {title}
+# Usage: bash launch.sh RUN_DIR (harness.runtime.launch runs it, stdout and stderr in RUN_DIR/console.log)
+set -euo pipefail
+[ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
+{checks}{env_check}mkdir -p "$1"
+RUN_DIR="$(cd "$1" && pwd)"
+PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+cp "$PLAN_DIR/plan.json" "$RUN_DIR/plan.json"
+{setup}{reward_server or ""}{exports}cd "$RUN_DIR"
+{command}
+"""
