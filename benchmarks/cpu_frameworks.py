@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.results import layout
+
 TARGET_GAIN = 0.2
 _TQDM = re.compile(r"Training Progress:.*\|\s*(\d+)/(\d+) \[(?:(\d+):)?(\d+):(\d+)<")
 
@@ -66,7 +68,7 @@ def dschat_costs(run: Path) -> dict:
 
 def main() -> int:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
-    summary = pd.read_csv(results / "summary.csv")
+    summary = pd.read_csv(layout.path(results, layout.SUMMARY))
     missed = []
     print("framework seed  reward first10 -> last10 (gain)   eval greedy accuracy   tokens/s")
     for r in summary.itertuples():
@@ -77,14 +79,14 @@ def main() -> int:
         print(f"{r.framework:9} {r.seed:4}  {r.reward_first10:.3f} -> {r.reward_last10:.3f} ({r.reward_gain:+.3f})"
               f"{'' if gain_ok else ' MISSED'}   {r.eval_accuracy_before:.3f} -> {r.eval_accuracy_after:.3f}"
               f"{'' if eval_ok else ' MISSED'}   {r.throughput_tok_s:,.0f}")
-    for run in sorted((results / "runs" / "verl").glob("seed*")):
+    for run in sorted(results.glob(layout.RUN.format(framework="verl", seed="*"))):
         c = verl_costs(run)
         print(f"verl {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: verl's step timer "
               f"{c['step_timer_s']:.0f} s"
               f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
               f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
               f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")
-    for run in sorted((results / "runs" / "dschat").glob("seed*")):
+    for run in sorted(results.glob(layout.RUN.format(framework="dschat", seed="*"))):
         c = dschat_costs(run)
         print(f"dschat {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: the steps {c['step_sum_s']:.0f} s "
               f"(median step {c['step_median_s']:.2f} s: generation {c['gen_median_s']:.2f} s, training "

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.results import layout
+
 REPO = Path(__file__).resolve().parents[1]
 TARGET_WALL_S, TARGET_GAIN = 90.0, 0.2
 
@@ -43,7 +45,7 @@ def main() -> int:
     if proc.returncode:
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
         return 1
-    summary = pd.read_csv(workdir / "results" / "summary.csv")
+    summary = pd.read_csv(layout.path(workdir / layout.RESULTS, layout.SUMMARY))
     report = {
         "wall_s": round(wall, 1),
         "cpu_count": os.cpu_count(),

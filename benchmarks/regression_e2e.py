@@ -35,6 +35,8 @@ from pathlib import Path
 
 from regression_power import DETECT_BY  # the night by which a lasting drop of about 5% must be caught
 
+from harness.results import layout
+
 REPO = Path(__file__).resolve().parents[1]
 # The fault, applied to harness/frameworks/reference/backend.py in the slower clone: right after the step's
 # reference forward pass, another one over the first prompts of the batch (and their responses) whose result nobody
@@ -74,7 +76,7 @@ def slower_harness(root: Path, fraction: float) -> tuple[Path, str]:
 
 
 def summary_line(results: Path) -> str:
-    alerts = json.loads((results / "alerts.json").read_text())
+    alerts = json.loads(layout.path(results, layout.ALERTS_JSON).read_text())
     lines = [f"status {alerts['status']}"]
     for c in alerts["checks"]:
         if c["class"] in ("alert", "context"):
@@ -102,11 +104,11 @@ def main() -> int:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="remax-bench-e2e-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     base = [args.configfile.resolve()] if args.configfile else []
-    results = workdir / "results"
+    results = workdir / layout.RESULTS
     for i in range(args.history):
         snakemake(workdir, base, "all", "history", forcerun=i > 0 or results.exists())
         print(f"history run {i + 1}/{args.history} appended", flush=True)
-    profile = json.loads((results / "config.json").read_text())["profile"]
+    profile = json.loads(layout.path(results, layout.CONFIG).read_text())["profile"]
     baseline = workdir / "baselines" / f"{profile}.json"
     proc = subprocess.run([shutil.which("remax-bench") or "remax-bench", "baseline", "update", "--results",
                            str(results), "--out", str(baseline)], capture_output=True, text=True)
@@ -122,7 +124,7 @@ def main() -> int:
     clean_quiet, slow_alerts = True, []
     for i, (kind, harness) in enumerate(nights, 1):
         rc = snakemake(workdir, base, "all", "check", forcerun=True, harness=harness)
-        alerts = json.loads((results / "alerts.json").read_text())
+        alerts = json.loads(layout.path(results, layout.ALERTS_JSON).read_text())
         manifest = json.loads(next((results / "runs").glob("*/seed*/manifest.json")).read_text())
         if (manifest["git"]["commit"] == slow_commit) != (kind == "slow"):
             sys.exit(f"night {i} ({kind}): the runs were made by harness commit {manifest['git']['commit']}, not the "
@@ -136,7 +138,7 @@ def main() -> int:
             clean_quiet &= not alerted and rc == 0
         print(f"night {i} ({kind}): `snakemake ... check` exit {rc}, {'ALERT' if alerted else 'no alert'}; "
               f"{summary_line(results)}", flush=True)
-        shutil.copy2(results / "alerts.md", workdir / f"alerts-night{i}-{kind}.md")
+        shutil.copy2(layout.path(results, layout.ALERTS), workdir / f"alerts-night{i}-{kind}.md")
     first = next((k for k, a in enumerate(slow_alerts) if a), len(slow_alerts))
     caught = first < min(DETECT_BY, len(slow_alerts)) and all(slow_alerts[first:])
     ok = caught and clean_quiet

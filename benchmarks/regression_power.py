@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.results import layout
+
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_RUNS = 5  # what `remax-bench baseline update` takes by default
 THROUGHPUT = ("throughput_tok_s", "throughput_tok_cpu_s")
@@ -73,12 +75,13 @@ def measure(args) -> int:
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # `history` appends the pipeline run to WORKDIR/results/history, as the nightly `check` target does.
         snakemake(workdir, args.configfile, "all", "history",
-                  *(["--forcerun", "run_embedded"] if i > 1 or (workdir / "results").exists() else []))
-        results = workdir / "results"
-        config = json.loads((results / "config.json").read_text())
-        summary = pd.read_csv(results / "summary.csv")
+                  *(["--forcerun", "run_embedded"] if i > 1 or (workdir / layout.RESULTS).exists() else []))
+        results = workdir / layout.RESULTS
+        config = json.loads(layout.path(results, layout.CONFIG).read_text())
+        summary = pd.read_csv(layout.path(results, layout.SUMMARY))
         for r in summary.itertuples():
-            manifest = json.loads((results / "runs" / r.framework / f"seed{r.seed}" / "manifest.json").read_text())
+            run = layout.path(results, layout.RUN, framework=r.framework, seed=r.seed)
+            manifest = json.loads((run / "manifest.json").read_text())
             rows.append({"pipeline": i, "started_utc": started, "load1": round(os.getloadavg()[0], 2),
                          "framework": r.framework, "seed": r.seed, "run_id": r.run_id,
                          "config_hash": manifest["config_hash"],

@@ -15,8 +15,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from harness import HarnessError
+from harness.results import layout
 
-DEFAULT_INPUTS = "results/inputs"
+DEFAULT_INPUTS = f"{layout.RESULTS}/{layout.INPUTS}"
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -187,12 +188,12 @@ def cmd_baseline_update(args: argparse.Namespace) -> None:
 
     profile = args.profile
     if profile is None:
-        config = Path(args.results) / "config.json"
+        config = layout.path(args.results, layout.CONFIG)
         if not config.is_file():
             raise HarnessError(f"{config}: missing; give the profile with --profile")
         profile = json.loads(config.read_text())["profile"]
     command = "remax-bench " + shlex.join(sys.argv[1:])
-    base = build_baseline(Path(args.results) / "history", profile=profile, runs=args.runs, last=args.last,
+    base = build_baseline(layout.path(args.results, layout.HISTORY), profile=profile, runs=args.runs, last=args.last,
                           command=command)
     write_json(args.out, base)
     print(f"{args.out}: baseline of profile {profile!r} from pipeline runs "

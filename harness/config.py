@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from harness import HarnessError
+from harness.frameworks import known_frameworks
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
 
@@ -53,8 +54,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if errors:
         lines = [f"  at {_where(e)}: {e.message}" for e in errors]
         raise HarnessError(f"{source}: invalid config\n" + "\n".join(lines))
-    from harness.frameworks import known_frameworks
-
     unknown = [f for f in config["frameworks"] if f not in known_frameworks()]
     if unknown:
         raise HarnessError(

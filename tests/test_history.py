@@ -7,13 +7,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import REPO, run_cli
 
 from harness import HarnessError
 from harness.config import load_config, validate_config
 from harness.io import write_json
-from harness.regression.history import HISTORY_DIR, append, pipeline_rows, read_history
+from harness.regression.history import append, pipeline_rows, read_history
+from harness.results.layout import HISTORY as HISTORY_DIR
 from harness.results.metrics import to_frame, write_metrics
 from harness.results.summarize import summarize
 from harness.runtime.manifest import build_manifest
@@ -154,3 +156,26 @@ def test_cli_append_and_bad_inputs(tmp_path):
     assert json.loads(receipt.read_text())["newly_appended"] is True
     proc = run_cli("history", "append", "--results", results)
     assert proc.returncode == 0 and "already in the history, nothing written" in proc.stdout
+
+
+def test_the_report_and_the_check_read_time_to_reward_from_one_curve():
+    """The report times a run on its full curve, the check on the history's sampled copy of the same curve: both
+    are harness.results.summarize.time_to_reward, the sampled one later by at most one spacing of its points."""
+    from harness.regression.history import CURVE_POINTS, sampled_reward_curve
+    from harness.results.summarize import reward_curve, time_to_reward
+
+    rng = np.random.default_rng(3)
+    n = 400
+    steps = pd.DataFrame({"step": np.arange(1, n + 1), "time_step_s": 0.05 + 0.01 * rng.random(n),
+                          "reward_mean": np.linspace(0.2, 0.8, n) + 0.05 * rng.standard_normal(n)})
+    steps.loc[0, "reward_mean"] = 5.0  # a lucky first step: no full trailing window yet, so it reaches nothing
+    full = reward_curve(steps)
+    assert full["reward"].iloc[:39].isna().all() and full["reward"].iloc[39:].notna().all()
+    target = 0.6
+    time_s, step = time_to_reward(full, target)
+    assert 200 < step < 400 and time_s == pytest.approx(steps["time_step_s"].iloc[:step].sum())
+    sampled = sampled_reward_curve(steps)
+    assert sampled["reward"][0] is None  # stored as JSON null, as the history writes it
+    late_s, late_step = time_to_reward(sampled, target)
+    assert step <= late_step <= step + (n - 1) / (CURVE_POINTS - 1) + 1 and late_s >= time_s - 1e-4  # 4 decimals kept
+    assert time_to_reward(full, 0.95) is None and time_to_reward(sampled, 0.95) is None

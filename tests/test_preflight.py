@@ -104,10 +104,9 @@ def test_an_environment_with_a_cpu_only_torch_fails_with_the_fix(tmp_path, monke
     # (this machine's CPU build, no CUDA) and the row says so.
     import dataclasses
 
-    from harness import frameworks
+    from harness.frameworks import get_adapter, registry
 
-    monkeypatch.setitem(frameworks._REGISTRY, "dschat",
-                        dataclasses.replace(frameworks.get_adapter("dschat"), module="harness"))
+    monkeypatch.setitem(registry._REGISTRY, "dschat", dataclasses.replace(get_adapter("dschat"), module="harness"))
     venvs = tmp_path / "venvs"
     environment(venvs, "dschat")
     config = a100x8(tmp_path, checkpoint(tmp_path / "policy", hidden=128, heads=4))

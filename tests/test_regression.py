@@ -11,8 +11,9 @@ from conftest import REPO, run_cli, snakemake
 from test_history import make_results
 
 from harness.config import load_config
-from harness.regression.history import HISTORY_DIR, append
+from harness.regression.history import append
 from harness.regression.statistics import METRICS, MIN_HISTORY, PERSISTENCE, assess, machine_sensitivity, noise_level
+from harness.results.layout import HISTORY as HISTORY_DIR
 
 THROUGHPUT = METRICS[0]
 

@@ -14,9 +14,10 @@ from conftest import REPO, run_cli, snakemake
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.frameworks import _REGISTRY
+from harness.frameworks.registry import _REGISTRY
 from harness.io import write_json
-from harness.report import CLAIMS_PATH, load_claims, render
+from harness.report import CLAIMS_PATH, render
+from harness.report.claims import load_claims
 from harness.results.metrics import to_frame, write_metrics
 
 sys.path.insert(0, str(REPO / "scripts"))

@@ -12,7 +12,9 @@ from reward_inputs import model_reward_inputs
 from harness import HarnessError
 from harness.frameworks import dschat, openrlhf, verl
 from harness.inputs import build_reward, resolve_reward
-from harness.report import Run, reward_html, reward_table
+from harness.report.page import environment, reward_view
+from harness.report.runs import Run
+from harness.report.tables import reward_table
 
 ADAPTERS = {"verl": verl, "openrlhf": openrlhf, "dschat": dschat}
 
@@ -96,6 +98,11 @@ def test_a_checkpoint_that_is_not_a_sequence_classifier_stops_the_reward_input(m
 
     assert ("architectures ['LlamaForCausalLM'] in config.json; a reward model must be a "
             "*ForSequenceClassification checkpoint") in _broken_checkpoint_input(model_inputs, tmp_path, causal_lm)
+
+
+def reward_html(table):
+    """The page's reward section on its own: its template macro on the page's view of the table."""
+    return str(environment().get_template("tables.html.j2").module.reward(reward_view(table)))
 
 
 def test_report_reward_table(plans, model_inputs):

@@ -1,111 +1,35 @@
-"""Registry of framework adapters: each framework is one module behind the same small interface.
-
-An adapter says how to get a run (an embedded `run`, or a `plan` for a real framework's launch directory),
-how to turn that run's own logs into the common schema (`ingest`), and where it can run: a real framework runs on
-GPUs from its environment `env`, and on a CPU (`launch.device: cpu`) from `cpu_env` where it has a CPU path, or
-not at all, for the reason `cpu_blocker` gives. Nothing outside this package knows framework names.
+"""The framework adapters: the registry (registry.py, the interface every adapter fills in) and one package per
+framework, which registers itself when imported here. Everything outside this package reaches the adapters through
+the names below; nothing outside it knows framework names.
 """
 
-from __future__ import annotations
+from harness.frameworks import dschat, openrlhf, reference, verl
+from harness.frameworks.registry import (
+    PLAN_IDENTITY,
+    VLLM_HEAD_DIMS,
+    Adapter,
+    environment,
+    get_adapter,
+    known_frameworks,
+    not_runnable,
+    on_cpu,
+    register_framework,
+    run_plan,
+)
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-
-import pandas as pd
-
-from harness import HarnessError
-from harness.io import read_json_object
-
-
-@dataclass(frozen=True)
-class Adapter:
-    name: str
-    description: str
-    ingest: Callable[[Sequence[Path], int | None], pd.DataFrame]  # (logs, n_gpus) -> common schema
-    log_glob: str  # the run's own logs inside its run directory
-    run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
-    plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
-    env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
-    cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
-    cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
-    # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
-    # against the harness's tokens/s: the report's cross-check says it beside the two figures.
-    own_throughput: str = ""
-    # (run directory) -> eval record (the reference's eval.json form) from the framework's own evaluation, or None
-    evaluation: Callable[[Path], dict | None] | None = None
-    # (config) -> DataFrame with columns framework, case, max_abs_diff, verdict, note, on the shared vectors of
-    # harness.conformance, under the run's settings where the framework's ReMax depends on them
-    conformance: Callable[[dict], pd.DataFrame] | None = None
-    module: str = ""  # the package its environment must import (harness.runtime.preflight)
-    head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
-    # Writes the full model at the end of a run (harness.runtime.preflight sizes the disk).
-    saves_checkpoint: bool = False
-
-
-# vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
-# 256. vLLM refuses another head size when the engine starts, after the environment and model have loaded.
-VLLM_HEAD_DIMS = frozenset(range(8, 257, 8))
-
-_REGISTRY: dict[str, Adapter] = {}
-
-
-def register_framework(adapter: Adapter) -> Adapter:
-    if adapter.name in _REGISTRY:
-        raise ValueError(f"framework adapter {adapter.name!r} is already registered")
-    _REGISTRY[adapter.name] = adapter
-    return adapter
-
-
-def known_frameworks() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_adapter(name: str) -> Adapter:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
-
-
-def on_cpu(config: dict) -> bool:
-    """Whether this config runs real frameworks on the CPU (launch.device cpu)."""
-    return config["launch"]["device"] == "cpu"
-
-
-def environment(adapter: Adapter, config: dict) -> str | None:
-    """The pinned environment a run of this adapter uses under this config (None: embedded, the harness's own)."""
-    return adapter.cpu_env if on_cpu(config) else adapter.env
-
-
-def not_runnable(adapter: Adapter, config: dict) -> str | None:
-    """Why this config's machines cannot run the framework at all; None when they can."""
-    if adapter.run is not None:
-        return None
-    if on_cpu(config):
-        return None if adapter.cpu_env else f"cannot run on a CPU: {adapter.cpu_blocker}"
-    if config["launch"]["gpus_per_node"] == 0:
-        return "needs GPUs (launch.gpus_per_node is 0 in this profile)"
-    return None
-
-
-PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
-
-
-def run_plan(log: Path, framework: str) -> dict:
-    """The plan.json beside a real framework's log (harness.runtime.launch copies it into the run directory): the run's
-    identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
-    path = Path(log).parent / "plan.json"
-    if not path.is_file():
-        raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
-                           "comes from the plan that harness.runtime.launch copies into the run directory")
-    plan = read_json_object(path, "plan")
-    missing = [k for k in PLAN_IDENTITY if k not in plan]
-    if missing:
-        raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)})")
-    if plan["framework"] != framework:
-        raise HarnessError(f"{path}: planned for framework {plan['framework']!r}, not {framework!r}")
-    return plan
-
-
-from harness.frameworks import dschat, openrlhf, reference, verl  # noqa: E402,F401  (each registers itself)
+__all__ = [
+    "PLAN_IDENTITY",
+    "VLLM_HEAD_DIMS",
+    "Adapter",
+    "dschat",
+    "environment",
+    "get_adapter",
+    "known_frameworks",
+    "not_runnable",
+    "on_cpu",
+    "openrlhf",
+    "reference",
+    "register_framework",
+    "run_plan",
+    "verl",
+]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from harness.io import write_json, write_text
 from harness.regression.statistics import MIN_HISTORY, NEIGHBOURS, PERSISTENCE, Z_CRIT, Z_SUPPORT
+from harness.results import layout
 
 
 def _fmt(value: float | None, unit: str | None = None) -> str:
@@ -78,6 +79,6 @@ def render_markdown(result: dict) -> str:
 
 def write_alerts(result: dict, results_dir: str | Path) -> None:
     results_dir = Path(results_dir)
-    write_json(results_dir / "alerts.json", result)
-    write_text(results_dir / "alerts.md", render_markdown(result))
+    write_json(layout.path(results_dir, layout.ALERTS_JSON), result)
+    write_text(layout.path(results_dir, layout.ALERTS), render_markdown(result))
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from harness import HarnessError
+from harness.frameworks import known_frameworks
 from harness.io import read_json_object
 from harness.regression.history import SCHEMA_VERSION, read_history
-from harness.regression.statistics import MIN_BASELINE_RUNS, REWARD_TARGET_FRACTION, time_to_reward
+from harness.regression.statistics import MIN_BASELINE_RUNS, REWARD_TARGET_FRACTION, training_time_to
 
 
 def load_baseline(path: str | Path) -> dict:
@@ -31,8 +32,6 @@ def load_baseline(path: str | Path) -> dict:
 def experiment_config(row: dict) -> dict:
     """The part of a run's config that defines its experiment: all of it except what no run of this framework
     reads: other frameworks' own blocks, the list of frameworks in the pipeline, the report's settings."""
-    from harness.frameworks import known_frameworks
-
     others = set(known_frameworks()) - {row["framework"]} | {"frameworks", "report"}
     return {k: v for k, v in row["provenance"]["config"].items() if k not in others}
 
@@ -93,7 +92,7 @@ def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | N
             "provenance": newest["provenance"],
             "runs": [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "run_id": r["run_id"],
                       "seed": r["seed"], "source": r["_source"],
-                      "metrics": {**r["metrics"], "time_to_reward_s": time_to_reward(r["curve"], target)}}
+                      "metrics": {**r["metrics"], "time_to_reward_s": training_time_to(r["curve"], target)}}
                      for r in fw_rows],
         }
     return {

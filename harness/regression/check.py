@@ -41,7 +41,7 @@ import numpy as np
 
 from harness import HarnessError
 from harness.regression.baseline import load_baseline, what_changed
-from harness.regression.history import HISTORY_DIR, pipeline_rows, read_history, series_key
+from harness.regression.history import pipeline_rows, read_history, series_key
 from harness.regression.statistics import (
     ADJUSTED,
     CONTENTION_MARGIN,
@@ -57,8 +57,9 @@ from harness.regression.statistics import (
     assess,
     machine_sensitivity,
     series_table,
-    time_to_reward,
+    training_time_to,
 )
+from harness.results import layout
 
 
 def _metric_of(name: str) -> Callable[[dict], float | None]:
@@ -69,7 +70,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     target = base.get("reward_target")
     extract = {m.name: _metric_of(m.name) for m in METRICS}
     extract["time_to_reward_s"] = lambda r: (r["metrics"].get("time_to_reward_s") if "curve" not in r
-                                             else time_to_reward(r["curve"], target) if target is not None else None)
+                                             else training_time_to(r["curve"], target) if target is not None else None)
     # Noise from the history of the series; the baseline's own runs fill in what the history does not hold.
     known = {r["pipeline_run"] for r in history}
     series = history + [{**r, "pipeline_time": r.get("pipeline_time", "")} for r in base["runs"]
@@ -160,7 +161,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
             raise HarnessError(f"{baseline_path}: baseline is for {key} {base[key]!r}, but the run in {results_dir} "
                                f"is {key} {now[key]!r}: compare like with like (write a baseline for this {key} "
                                "with `remax-bench baseline update`)")
-    history = [r for r in read_history(results_dir / HISTORY_DIR)
+    history = [r for r in read_history(layout.path(results_dir, layout.HISTORY))
                if r["pipeline_run"] != now["pipeline_run"] and r["pipeline_time"] <= now["pipeline_time"]]
     checks, changes = [], {}
     for fw in sorted({r["framework"] for r in current}):

@@ -24,11 +24,11 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.io import atomic_path, read_json_object
+from harness.results import layout
 from harness.results.metrics import read_metrics
-from harness.results.summarize import edge_window
+from harness.results.summarize import reward_curve
 
 SCHEMA_VERSION = 1
-HISTORY_DIR = "history"
 # The columns of summary.csv that are measurements (the rest are identity or counts).
 HISTORY_METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "time_probe_s_median",
            "cpu_contention",
@@ -63,25 +63,22 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
-    """The reward curve, smoothed over a tenth of the run, at up to `points` steps, with elapsed step time.
-
-    Enough to tell when a run first reached a reward level, and at what training time (time-to-reward).
-    """
-    df = metrics.sort_values("step")
-    window = edge_window(len(df))
-    smooth = df["reward_mean"].rolling(window, min_periods=1).mean()
-    elapsed = df["time_step_s"].cumsum()
-    idx = sorted({round(i) for i in [k * (len(df) - 1) / max(1, points - 1) for k in range(points)]})
-    return {"step": [int(df["step"].iloc[i]) for i in idx],
-            "elapsed_s": [round(float(elapsed.iloc[i]), 4) for i in idx],
-            "reward": [round(float(smooth.iloc[i]), 5) for i in idx]}
+def sampled_reward_curve(metrics: pd.DataFrame, points: int = CURVE_POINTS) -> dict:
+    """harness.results.summarize.reward_curve at up to `points` evenly spread steps (None where it has no value
+    yet): enough to tell when a run first reached a reward level, and at what training time (time-to-reward), to
+    within one spacing of the points."""
+    curve = reward_curve(metrics)
+    idx = sorted({round(i) for i in [k * (len(curve) - 1) / max(1, points - 1) for k in range(points)]})
+    reward = curve["reward"]
+    return {"step": [int(curve["step"].iloc[i]) for i in idx],
+            "elapsed_s": [round(float(curve["elapsed_s"].iloc[i]), 4) for i in idx],
+            "reward": [None if math.isnan(reward.iloc[i]) else round(float(reward.iloc[i]), 5) for i in idx]}
 
 
 def pipeline_rows(results_dir: str | Path) -> list[dict]:
     """History rows of the pipeline run whose outputs are in `results_dir` (summary, manifests, metrics)."""
     results_dir = Path(results_dir)
-    summary_path = results_dir / "summary.csv"
+    summary_path = layout.path(results_dir, layout.SUMMARY)
     if not summary_path.is_file():
         raise HarnessError(f"{summary_path}: missing: no pipeline run in {results_dir} (run the pipeline first)")
     try:
@@ -96,13 +93,13 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
     digest = hashlib.sha256(summary_path.read_bytes())
     rows = []
     for r in summary.to_dict("records"):
-        manifest_path = results_dir / "runs" / r["framework"] / f"seed{r['seed']}" / "manifest.json"
+        manifest_path = layout.path(results_dir, layout.RUN, framework=r["framework"], seed=r["seed"]) / "manifest.json"
         manifest = read_json_object(manifest_path, "manifest", " (the run directory has no manifest)")
         digest.update(manifest_path.read_bytes())
         for key in ("profile", "config_hash", "config", "hardware", "created"):
             if key not in manifest:
                 raise HarnessError(f"{manifest_path}: lacks {key!r}")
-        metrics = read_metrics(results_dir / "metrics" / r["framework"] / f"seed{r['seed']}.parquet")
+        metrics = read_metrics(layout.path(results_dir, layout.METRICS, framework=r["framework"], seed=r["seed"]))
         rows.append({
             "schema": SCHEMA_VERSION,
             "profile": manifest["profile"],
@@ -114,7 +111,7 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
             "seed": int(r["seed"]),
             "created": manifest["created"],
             "metrics": {k: _finite(r[k]) for k in HISTORY_METRICS if k in r},
-            "curve": reward_curve(metrics),
+            "curve": sampled_reward_curve(metrics),
             "provenance": {"versions": manifest.get("versions", {}), "git": manifest.get("git", {}),
                            "config": manifest["config"], "hardware": manifest["hardware"],
                            "inputs": {k: v.get("sha256") for k, v in manifest.get("inputs", {}).items()}},
@@ -134,7 +131,7 @@ def _file_name(rows: list[dict]) -> str:
 def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tuple[Path, list[dict], bool]:
     """Add the pipeline run in `results_dir` to the history once. Returns (file, rows, newly written)."""
     rows = pipeline_rows(results_dir)
-    history_dir = Path(history_dir) if history_dir else Path(results_dir) / HISTORY_DIR
+    history_dir = Path(history_dir) if history_dir else layout.path(results_dir, layout.HISTORY)
     existing = sorted(history_dir.glob(f"*-{rows[0]['pipeline_run']}.jsonl"))
     if existing:
         return existing[0], rows, False

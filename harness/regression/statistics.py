@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from harness.results.summarize import time_to_reward
+
 Z_CRIT = 3.0
 MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
@@ -92,13 +94,11 @@ def adjust_for_machine(throughput: _Values, probe: _Values, theta: float, probe_
     return throughput * (probe / probe_reference) ** theta
 
 
-def time_to_reward(curve: dict, target: float) -> float | None:
-    """Training time (summed step time) at which the smoothed reward first reached `target`; None if never."""
-    for elapsed, reward in zip(curve["elapsed_s"], curve["reward"]):
-        if reward >= target:
-            return float(elapsed)
-    return None
-
+def training_time_to(curve: dict, target: float) -> float | None:
+    """A history row's time-to-reward: the training time at which its stored curve first reached `target` (the
+    baseline's own target: its first reward plus REWARD_TARGET_FRACTION of its gain); None if never."""
+    reached = time_to_reward(curve, target)
+    return reached[0] if reached else None
 
 
 def run_residuals(table: pd.DataFrame) -> np.ndarray:

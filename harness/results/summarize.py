@@ -6,7 +6,8 @@ One row per run; the per-framework view (median over seeds, spread) is built fro
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,25 @@ def edge_means(series: pd.Series) -> tuple[float, float]:
     """Mean of the first and of the last EDGE_FRACTION of a curve (at least one point each)."""
     k = edge_window(len(series))
     return float(series.iloc[:k].mean()), float(series.iloc[-k:].mean())
+
+
+def reward_curve(steps: pd.DataFrame) -> pd.DataFrame:
+    """A run's reward as time-to-reward reads it, per step: the trailing mean of the sampled reward over the last
+    edge_window steps (NaN until a full window exists, so a lucky first step cannot reach a target), and the
+    training time so far (summed step times, warm-up included)."""
+    df = steps.sort_values("step")
+    k = edge_window(len(df))
+    return pd.DataFrame({"step": df["step"].to_numpy(), "elapsed_s": df["time_step_s"].cumsum().to_numpy(),
+                         "reward": df["reward_mean"].rolling(k, min_periods=k).mean().to_numpy()})
+
+
+def time_to_reward(curve: Mapping[str, Sequence], target: float) -> tuple[float, int] | None:
+    """Training time and step at which `curve` (reward_curve's columns, whole or sampled) first reaches `target`;
+    None if it never does. Points without a reward (None or NaN) are skipped."""
+    for elapsed, step, reward in zip(curve["elapsed_s"], curve["step"], curve["reward"]):
+        if reward is not None and not math.isnan(reward) and reward >= target:
+            return float(elapsed), int(step)
+    return None
 
 
 def model_flops_utilisation(measured: pd.DataFrame, shape: ModelShape, prompts: int, samples_per_prompt: int,

@@ -20,21 +20,19 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.io import atomic_path, sha256_file, write_json
+from harness.results import layout
 from harness.runtime import envs
 
-# The workflow's results directory (common.smk RESULTS), from the working directory: plans, runs, inputs and images.
-RESULTS = Path("results")
-IMAGES = RESULTS / "images"
 # Where a generated definition puts the description and setup scripts inside the image.
 IN_IMAGE = "/opt/remax-bench"
 
 
 def image_path(name: str) -> Path:
-    return (IMAGES / f"{name}.sif").absolute()
+    return layout.path(layout.RESULTS, layout.IMAGE, env=name).absolute()
 
 
 def record_path(name: str) -> Path:
-    return (IMAGES / f"{name}.json").absolute()
+    return layout.path(layout.RESULTS, layout.IMAGE_RECORD, env=name).absolute()
 
 
 def image_settings(name: str, config: dict) -> dict:
@@ -49,7 +47,7 @@ def binds(config: dict) -> list[str]:
     """Host paths the framework sees inside the container, at the same paths: the harness code (reward bridges,
     launchers, agents), results/ (inputs, plans, runs, the DeepSpeed-Chat checkout), the checkpoints the inputs link
     to, and container.binds. Resolved, since plans name resolved paths and inputs link to the checkpoints."""
-    paths = [envs.REPO, RESULTS, config["policy"]["path"],
+    paths = [envs.REPO, Path(layout.RESULTS), config["policy"]["path"],
              config["reward"]["path"] if config["reward"]["kind"] == "model" else None, *config["container"]["binds"]]
     out = []
     for p in paths:
@@ -72,10 +70,11 @@ def exec_prefix(name: str, config: dict) -> list[str]:
 def launch_check(name: str, config: dict) -> str:
     """Bash lines for launch.sh: stop with exit 2 when apptainer or the image is missing on the node."""
     apptainer, image = shlex.quote(config["container"]["apptainer"]), shlex.quote(str(image_path(name)))
+    target = f"{layout.RESULTS}/{layout.IMAGE_RECORD.format(env=name)}"  # the Snakemake target that builds it
     return (f"if ! command -v {apptainer} >/dev/null; then\n"
             f"  echo \"launch.sh: {apptainer} not found (container.runtime is apptainer)\" >&2\n  exit 2\nfi\n"
             f"if [ ! -f {image} ]; then\n"
-            f"  echo \"launch.sh: no image at {image}: build it with 'snakemake {IMAGES}/{name}.json'"
+            f"  echo \"launch.sh: no image at {image}: build it with 'snakemake {target}'"
             f" (remax-bench image {name})\" >&2\n  exit 2\nfi\n")
 
 

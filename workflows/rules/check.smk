@@ -10,7 +10,7 @@ rule history:
         runs=rules.summarize.input.runs,
         metrics=rules.summarize.input.metrics,
     output:
-        f"{RESULTS}/history.appended.json",
+        f"{RESULTS}/{layout.HISTORY_RECEIPT}",
     log:
         f"{RESULTS}/logs/history.log",
     conda:
@@ -26,8 +26,8 @@ rule alerts:
         receipt=rules.history.output[0],
         baseline=f"baselines/{config['profile']}.json",  # the working directory's (the repository's, normally)
     output:
-        md=f"{RESULTS}/alerts.md",
-        json=f"{RESULTS}/alerts.json",
+        md=f"{RESULTS}/{layout.ALERTS}",
+        json=f"{RESULTS}/{layout.ALERTS_JSON}",
     log:
         f"{RESULTS}/logs/alerts.log",
     conda:

@@ -3,6 +3,7 @@ import os
 
 from harness.config import validate_config
 from harness.frameworks import environment, get_adapter, not_runnable
+from harness.results import layout
 
 # Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.
 config.update(validate_config(config, source="snakemake config"))
@@ -12,8 +13,8 @@ config.update(validate_config(config, source="snakemake config"))
 if "timed_run" not in workflow.global_resources:
     workflow.register_resource("timed_run", 1)
 
-RESULTS = "results"
-INPUTS = f"{RESULTS}/inputs"
+RESULTS = layout.RESULTS
+INPUTS = f"{RESULTS}/{layout.INPUTS}"
 FRAMEWORKS = config["frameworks"]
 SEEDS = config["seeds"]
 EMBEDDED = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None]
@@ -34,19 +35,19 @@ wildcard_constraints:
 def preflight_gate(wildcards):
     """The preflight's table, for every job of a profile that runs real frameworks on GPUs; nothing otherwise."""
     on_gpus = config["launch"]["device"] == "gpu" and any(fw in RUNNABLE for fw in PLANNED)
-    return [f"{RESULTS}/preflight.md"] if on_gpus else []
+    return [f"{RESULTS}/{layout.PREFLIGHT}"] if on_gpus else []
 
 
 def run_dirs(framework):
-    return expand(f"{RESULTS}/runs/{framework}/seed{{seed}}", seed=SEEDS)
+    return [f"{RESULTS}/{layout.RUN.format(framework=framework, seed=seed)}" for seed in SEEDS]
 
 
 def framework_env_stamp(wildcards):
     """The framework's environment: its venv's stamp, or its image's record when container.runtime is apptainer."""
     env = environment(get_adapter(wildcards.framework), config)
     if config["container"]["runtime"] == "apptainer":
-        return f"{RESULTS}/images/{env}.json"
-    return f"{RESULTS}/envs/{env}.txt"
+        return f"{RESULTS}/{layout.IMAGE_RECORD.format(env=env)}"
+    return f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}"
 
 
 def image_inputs(wildcards):
@@ -68,7 +69,7 @@ def framework_sources(wildcards):
 
 
 def metric_files():
-    return [f"{RESULTS}/metrics/{fw}/seed{s}.parquet" for fw in RUNNABLE for s in SEEDS]
+    return [f"{RESULTS}/{layout.METRICS.format(framework=fw, seed=s)}" for fw in RUNNABLE for s in SEEDS]
 
 
 def runnable_run_dirs():
@@ -79,11 +80,11 @@ def runnable_run_dirs():
 
 def final_outputs():
     return [
-        f"{RESULTS}/summary.csv",
-        f"{RESULTS}/report/throughput.md",
-        f"{RESULTS}/report/throughput.csv",
-        f"{RESULTS}/report/reward_curve.png",
-        f"{RESULTS}/history.appended.json",  # every finished pipeline run goes into the history
+        f"{RESULTS}/{layout.SUMMARY}",
+        f"{RESULTS}/{layout.REPORT}/throughput.md",
+        f"{RESULTS}/{layout.REPORT}/throughput.csv",
+        f"{RESULTS}/{layout.REPORT}/reward_curve.png",
+        f"{RESULTS}/{layout.HISTORY_RECEIPT}",  # every finished pipeline run goes into the history
     ]
 
 
@@ -94,5 +95,5 @@ def report_what_finished():
     leave no report at all. summary.csv is left to the summarize rule: it stays missing or out of date, so the
     next pipeline run re-runs the failed runs (and only those) and then summary and report.
     """
-    if os.path.exists(f"{RESULTS}/config.json"):
+    if os.path.exists(f"{RESULTS}/{layout.CONFIG}"):
         shell("remax-bench report {RESULTS} --out {RESULTS}/report > {RESULTS}/logs/report.log 2>&1")

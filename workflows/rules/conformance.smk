@@ -7,7 +7,7 @@ rule conformance:
     input:
         config=rules.freeze_config.output[0],
     output:
-        f"{RESULTS}/conformance.csv",
+        f"{RESULTS}/{layout.CONFORMANCE}",
     log:
         f"{RESULTS}/logs/conformance.log",
     conda:

@@ -7,10 +7,10 @@ rule framework_image:
     input:
         image_inputs,
     output:
-        sif=f"{RESULTS}/images/{{env}}.sif",
-        record=f"{RESULTS}/images/{{env}}.json",
+        sif=f"{RESULTS}/{layout.IMAGE}",
+        record=f"{RESULTS}/{layout.IMAGE_RECORD}",
     log:
-        f"{RESULTS}/logs/image/{{env}}.log",
+        f"{RESULTS}/{layout.IMAGE_LOG}",
     wildcard_constraints:
         env="|".join(config["container"]["images"]),
     conda:

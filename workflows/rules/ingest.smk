@@ -1,10 +1,10 @@
 rule ingest:
     input:
-        f"{RESULTS}/runs/{{framework}}/seed{{seed}}",
+        f"{RESULTS}/{layout.RUN}",
     output:
-        f"{RESULTS}/metrics/{{framework}}/seed{{seed}}.parquet",
+        f"{RESULTS}/{layout.METRICS}",
     log:
-        f"{RESULTS}/logs/ingest/{{framework}}_seed{{seed}}.log",
+        f"{RESULTS}/{layout.INGEST_LOG}",
     conda:
         "../envs/harness.yaml"
     shell:

@@ -1,6 +1,6 @@
 rule freeze_config:
     output:
-        f"{RESULTS}/config.json",
+        f"{RESULTS}/{layout.CONFIG}",
     log:
         f"{RESULTS}/logs/freeze_config.log",
     conda:

@@ -4,9 +4,9 @@ rule framework_env:
         f"{workflow.basedir}/workflows/envs/{{env}}.txt",
         preflight_gate,
     output:
-        f"{RESULTS}/envs/{{env}}.txt",
+        f"{RESULTS}/{layout.ENV_STAMP}",
     log:
-        f"{RESULTS}/logs/env/{{env}}.log",
+        f"{RESULTS}/{layout.ENV_LOG}",
     conda:
         "../envs/harness.yaml"
     shell:
@@ -23,9 +23,9 @@ rule plan:
         reward_sha=rules.reward.output.sha,
         preflight=preflight_gate,
     output:
-        directory(f"{RESULTS}/plans/{{framework}}/seed{{seed}}"),
+        directory(f"{RESULTS}/{layout.PLAN}"),
     log:
-        f"{RESULTS}/logs/plan/{{framework}}_seed{{seed}}.log",
+        f"{RESULTS}/{layout.PLAN_LOG}",
     conda:
         "../envs/harness.yaml"
     params:

@@ -7,7 +7,7 @@ rule preflight:
     input:
         config=rules.freeze_config.output[0],
     output:
-        f"{RESULTS}/preflight.md",
+        f"{RESULTS}/{layout.PREFLIGHT}",
     log:
         f"{RESULTS}/logs/preflight.log",
     conda:

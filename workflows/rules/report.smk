@@ -3,17 +3,17 @@ rule report:
         config=rules.freeze_config.output[0],
         metrics=metric_files(),
         # optional: made by the `conformance` target; a new one re-renders the report
-        conformance=[f"{RESULTS}/conformance.csv"] if os.path.exists(f"{RESULTS}/conformance.csv") else [],
+        conformance=[f"{RESULTS}/{layout.CONFORMANCE}"] if os.path.exists(f"{RESULTS}/{layout.CONFORMANCE}") else [],
     output:
-        html=report(f"{RESULTS}/report/index.html", caption="../report/index.rst", category="Report"),
-        table=report(f"{RESULTS}/report/throughput.md", caption="../report/throughput.rst", category="Throughput"),
-        csv=f"{RESULTS}/report/throughput.csv",
+        html=report(f"{RESULTS}/{layout.REPORT}/index.html", caption="../report/index.rst", category="Report"),
+        table=report(f"{RESULTS}/{layout.REPORT}/throughput.md", caption="../report/throughput.rst", category="Throughput"),
+        csv=f"{RESULTS}/{layout.REPORT}/throughput.csv",
         throughput=report(
-            f"{RESULTS}/report/throughput.png", caption="../report/throughput_figure.rst", category="Throughput"
+            f"{RESULTS}/{layout.REPORT}/throughput.png", caption="../report/throughput_figure.rst", category="Throughput"
         ),
-        step_time=report(f"{RESULTS}/report/step_time.png", caption="../report/step_time.rst", category="Step time"),
-        curve=report(f"{RESULTS}/report/reward_curve.png", caption="../report/reward_curve.rst", category="Reward"),
-        runs=report(f"{RESULTS}/report/runs.csv", caption="../report/runs.rst", category="Runs"),
+        step_time=report(f"{RESULTS}/{layout.REPORT}/step_time.png", caption="../report/step_time.rst", category="Step time"),
+        curve=report(f"{RESULTS}/{layout.REPORT}/reward_curve.png", caption="../report/reward_curve.rst", category="Reward"),
+        runs=report(f"{RESULTS}/{layout.REPORT}/runs.csv", caption="../report/runs.rst", category="Runs"),
     log:
         f"{RESULTS}/logs/report.log",
     conda:

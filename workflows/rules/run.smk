@@ -7,9 +7,9 @@ rule run_embedded:
         reward=rules.reward.output.reward,
         reward_sha=rules.reward.output.sha,
     output:
-        directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
+        directory(f"{RESULTS}/{layout.RUN}"),
     log:
-        f"{RESULTS}/logs/run/{{framework}}_seed{{seed}}.log",
+        f"{RESULTS}/{layout.RUN_LOG}",
     wildcard_constraints:
         framework=EMBEDDED_PATTERN,
     conda:
@@ -30,9 +30,9 @@ rule run_planned:
         env=framework_env_stamp,
         sources=framework_sources,
     output:
-        directory(f"{RESULTS}/runs/{{framework}}/seed{{seed}}"),
+        directory(f"{RESULTS}/{layout.RUN}"),
     log:
-        f"{RESULTS}/logs/run/{{framework}}_seed{{seed}}.log",
+        f"{RESULTS}/{layout.RUN_LOG}",
     wildcard_constraints:
         framework=PLANNED_PATTERN,
     conda:

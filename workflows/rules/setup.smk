@@ -9,7 +9,7 @@ rule dschat_checkout:
     output:
         directory(config["dschat"]["checkout"]),
     log:
-        f"{RESULTS}/logs/setup/dschat_checkout.log",
+        f"{RESULTS}/{layout.CHECKOUT_LOG.format(framework='dschat')}",
     conda:
         "../envs/git.yaml"
     params:

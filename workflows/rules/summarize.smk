@@ -5,7 +5,7 @@ rule summarize:
         runs=runnable_run_dirs(),
         policy=rules.policy.output.model,
     output:
-        f"{RESULTS}/summary.csv",
+        f"{RESULTS}/{layout.SUMMARY}",
     log:
         f"{RESULTS}/logs/summarize.log",
     conda:

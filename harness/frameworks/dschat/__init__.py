@@ -35,17 +35,17 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import (
+from harness.frameworks.dschat import launcher as dschat_launcher
+from harness.frameworks.registry import (
     PLAN_IDENTITY,
     Adapter,
     environment,
     get_adapter,
     on_cpu,
     register_framework,
-    reward_serving,
     run_plan,
 )
-from harness.frameworks.dschat import launcher as dschat_launcher
+from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
@@ -396,11 +396,11 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                            f"containing 'llama', and {policy} has none; plan into a directory without 'llama'")
     checkout = checkout_dir(config)
     served = inputs["reward"]["kind"] == "model" or bool(config[NAME]["reward_url"])
-    reward = reward_serving.plan_record(inputs["reward"], "served" if served else "in-process")
+    reward = plan_record(inputs["reward"], "served" if served else "in-process")
     server = None
     if inputs["reward"]["kind"] == "model":
         host, port = _served_at(config)
-        server = reward_serving.server_block(config, inputs_dir, reward, host=host, port=port)
+        server = server_block(config, inputs_dir, reward, host=host, port=port)
     env = environment(get_adapter(NAME), config)
     assert env is not None  # DeepSpeed-Chat always runs in an environment of its own
     argv = build_argv(config, seed, settings, actor, Path(inputs["dataset"]["path"]).resolve(), reward, env)

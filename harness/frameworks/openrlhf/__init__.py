@@ -35,7 +35,8 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import VLLM_HEAD_DIMS, Adapter, register_framework, reward_serving, run_plan
+from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framework, run_plan
+from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
@@ -166,7 +167,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     argv, hyper = _flags(config, seed, out_dir, policy)
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     env_vars = {"PYTHONUNBUFFERED": "1"}
-    reward = reward_serving.plan_record(inputs["reward"], "served")
+    reward = plan_record(inputs["reward"], "served")
     run_id = f"{NAME}-{config['profile']}-s{seed}"
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -182,7 +183,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             argv=argv, env_vars=env_vars, env_check=container.env_check(ENV, config, "python3"),
             setup=SETUP.format(python3=shlex.join(container.env_command(ENV, config, "python3")), patch=PATCH,
                                env_bin=shlex.quote(str(envs.ENV_ROOT / ENV / "bin"))),
-            reward_server=reward_serving.server_block(config, inputs_dir, reward, host=oc["reward_host"],
+            reward_server=server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
             log=LOG))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import Adapter, register_framework
+from harness.frameworks.registry import Adapter, register_framework
 from harness.io import read_jsonl
 from harness.results import metrics
 

@@ -48,15 +48,8 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import (
-    PLAN_IDENTITY,
-    VLLM_HEAD_DIMS,
-    Adapter,
-    on_cpu,
-    register_framework,
-    reward_serving,
-    run_plan,
-)
+from harness.frameworks.registry import PLAN_IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
+from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
@@ -307,7 +300,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                            "use a GPU profile such as workflows/config/a100x8.yaml, or "
                            "workflows/config/cpu-frameworks.yaml on a CPU")
     inputs = resolve_inputs(inputs_dir)
-    reward = reward_serving.plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
+    reward = plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
     dataset = task.read_dataset(inputs["dataset"]["path"])
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
     env = CPU_ENV if cpu else ENV
@@ -326,7 +319,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         "framework_devices": _verl_devices(config),
         "inputs": inputs, "hyperparameters": hyperparameters, "deviations": deviations, "reward": reward,
     }
-    server = (reward_serving.server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
+    server = (server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
               if reward["scored_by"] == "served" else None)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()

@@ -1,0 +1,189 @@
+"""What the results directory holds for each planned run: its metrics, plan, manifest and evaluation, or why it did
+not run (docs/report.md). A failed or missing run is a status here, never an error."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.config import validate_config
+from harness.io import read_json_object
+from harness.results import layout
+from harness.results.metrics import read_metrics
+from harness.results.summarize import efficiency_of, read_eval, summarize_run
+
+if TYPE_CHECKING:
+    from harness.frameworks import Adapter
+
+LOG_TAIL_LINES = 30
+
+
+@dataclass
+class Run:
+    """One planned (framework, seed) run and what the results directory holds for it."""
+
+    framework: str
+    seed: int
+    status: str = "not run"  # ok | failed | not run
+    reason: str = ""
+    log_tail: str = ""
+    metrics: pd.DataFrame | None = None
+    summary: dict = field(default_factory=dict)
+    manifest: dict | None = None
+    plan: dict | None = None
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The per-step metrics, which every completed run has."""
+        if self.metrics is None:
+            raise HarnessError(f"{self.framework} seed {self.seed}: no metrics (status {self.status})")
+        return self.metrics
+
+
+def read_json(path: Path, problems: list[str]) -> dict | None:
+    """The JSON in `path`, or None when it is absent; an unreadable file is also named in `problems`."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        problems.append(f"{path}: unreadable ({e})")
+        return None
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _logs_tail(results: Path, run: Run) -> str:
+    parts = []
+    for pattern in (layout.RUN_LOG, layout.INGEST_LOG):
+        log = layout.path(results, pattern, framework=run.framework, seed=run.seed)
+        tail = _tail(log)
+        if tail:
+            parts.append(f"==> {log} <==\n{tail}")
+    return "\n\n".join(parts)
+
+
+def adapter_of(name: str) -> Adapter | None:
+    """The registered adapter, or None for a framework this harness version no longer knows."""
+    from harness.frameworks import get_adapter
+
+    try:
+        return get_adapter(name)
+    except HarnessError:
+        return None
+
+
+def results_config(results: Path) -> dict:
+    path = layout.path(results, layout.CONFIG)
+    config = read_json_object(path, "effective config", " (run the pipeline's freeze_config step first)")
+    for key in ("frameworks", "seeds", "remax", "launch"):
+        if key not in config:
+            raise HarnessError(f"{path}: lacks key {key!r} (freeze the config again with this version)")
+    # A config frozen before the report block or launch.device existed: the schema's defaults.
+    defaults = validate_config({}, source="schema defaults")
+    config.setdefault("report", defaults["report"])
+    config["launch"].setdefault("device", defaults["launch"]["device"])
+    return config
+
+
+def _without_metrics(results: Path, run: Run, adapter: Adapter | None, config: dict) -> tuple[str, str]:
+    """Status and reason of a planned run that left no metrics file."""
+    fw, seed = run.framework, run.seed
+    metrics_path = layout.path(results, layout.METRICS, framework=fw, seed=seed)
+    run_log = layout.path(results, layout.RUN_LOG, framework=fw, seed=seed)
+    if _logs_tail(results, run):
+        return "failed", f"no metrics ({metrics_path} missing); see the log"
+    if layout.path(results, layout.RUN, framework=fw, seed=seed).is_dir():
+        return "not run", f"the run finished but was not ingested ({metrics_path} missing; the pipeline stopped early)"
+    if run_log.exists():  # the job started (its shell made the log) and died without a word
+        return "failed", f"no metrics ({metrics_path} missing); {run_log} is empty (killed?)"
+    from harness.frameworks import not_runnable
+
+    blocked = not_runnable(adapter, config) if adapter is not None else None
+    if blocked:
+        return "not run", blocked
+    if adapter is None:
+        return "not run", f"framework {fw!r} has no registered adapter in this harness version"
+    upstream = _upstream_failure(results, run, config)
+    if upstream:
+        return "not run", upstream
+    return "not run", f"no metrics yet ({metrics_path} missing)"
+
+
+def _upstream_failure(results: Path, run: Run, config: dict) -> str | None:
+    """Why a run never started, from the jobs it waits for (the pipeline keeps going past them): its plan refused,
+    its environment not built, its pinned source checkout not made (e.g. no network). The stage's last log line."""
+    from harness.frameworks import environment, get_adapter
+
+    env = environment(get_adapter(run.framework), config)
+    fw, seed = run.framework, run.seed
+    stages = [("its plan was refused", layout.path(results, layout.PLAN_LOG, framework=fw, seed=seed),
+               layout.path(results, layout.PLAN, framework=fw, seed=seed))]
+    if env:
+        stages.append(("its environment could not be built", layout.path(results, layout.ENV_LOG, env=env),
+                       layout.path(results, layout.ENV_STAMP, env=env)))
+    checkout = (config.get(fw) or {}).get("checkout")
+    if checkout:
+        stages.append(("its pinned source checkout could not be made",
+                       layout.path(results, layout.CHECKOUT_LOG, framework=fw), Path(checkout)))
+    for what, log, output in stages:
+        lines = _tail(log).strip().splitlines()
+        if lines and not output.exists():
+            return f"{what}: {lines[-1].strip()} ({log})"
+    return None
+
+
+def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
+    """Every planned run with its status; metrics that cannot be read or summarized mark the run failed."""
+    runs = []
+    warmup = config["remax"]["warmup_steps"]
+    # MFU as the summarize stage computes it: the policy's shape, each run's peak from its manifest.
+    efficiency = efficiency_of(config, layout.path(results, layout.POLICY),
+                               [layout.path(results, layout.RUN, framework=fw, seed=seed) for fw in config["frameworks"]
+                                for seed in config["seeds"]])
+    for fw in config["frameworks"]:
+        adapter = adapter_of(fw)
+        for seed in config["seeds"]:
+            run = Run(fw, int(seed))
+            run_dir = layout.path(results, layout.RUN, framework=fw, seed=seed)
+            run.plan = read_json(layout.path(results, layout.PLAN, framework=fw, seed=seed) / "plan.json", problems)
+            run.manifest = read_json(run_dir / "manifest.json", problems)
+            metrics_path = layout.path(results, layout.METRICS, framework=fw, seed=seed)
+            if metrics_path.exists():
+                try:
+                    df = read_metrics(metrics_path)
+                    if set(df["framework"]) != {fw} or set(df["seed"]) != {seed}:
+                        raise HarnessError(f"{metrics_path}: holds framework {sorted(set(df['framework']))} seed "
+                                           f"{sorted(set(df['seed']))}, not {fw} seed {seed}")
+                    run.summary = summarize_run(df, warmup, efficiency(df))
+                    run.metrics, run.status = df, "ok"
+                except HarnessError as e:
+                    run.status, run.reason = "failed", str(e)
+            else:
+                run.status, run.reason = _without_metrics(results, run, adapter, config)
+            if run.status == "failed":
+                run.log_tail = _logs_tail(results, run)
+            eval_path = run_dir / "eval.json"
+            if run.status == "ok" and eval_path.is_file():
+                try:
+                    run.summary.update({k: v for k, v in read_eval(eval_path).items() if k != "run_id"})
+                except HarnessError as e:
+                    problems.append(str(e))
+            runs.append(run)
+    return runs
+
+
+def status_frame(runs: list[Run]) -> pd.DataFrame:
+    return pd.DataFrame([{"framework": r.framework, "seed": r.seed, "status": r.status, "reason": r.reason}
+                         for r in runs], columns=["framework", "seed", "status", "reason"])

@@ -1,0 +1,46 @@
+"""Every path in a results directory, named once (docs/design.md, "Results layout").
+
+The patterns are relative to the results directory and hold Snakemake-style fields ({framework}, {seed}, {env}):
+the workflow's rules use them as their wildcard patterns (workflows/rules/*.smk), and the stages that read a results
+directory fill them in with `path`. A file that only one stage writes and reads inside a directory of its own
+(a plan's launch.sh, a run's console.log) is named by that stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The workflow's results directory, relative to its working directory (the repository, normally).
+RESULTS = "results"
+
+CONFIG = "config.json"  # the effective config, frozen before any job uses it
+INPUTS = "inputs"  # the shared dataset, policy and reward (harness.inputs names what is inside)
+POLICY = "inputs/policy"
+REWARD_RECORD = "inputs/reward/reward.json"
+PREFLIGHT = "preflight.md"
+ENV_STAMP = "envs/{env}.txt"  # a built framework environment's package list
+IMAGE = "images/{env}.sif"
+IMAGE_RECORD = "images/{env}.json"
+PLAN = "plans/{framework}/seed{seed}"  # plan.json and launch.sh of a real framework's run
+RUN = "runs/{framework}/seed{seed}"  # a run's logs, manifest.json, eval.json
+METRICS = "metrics/{framework}/seed{seed}.parquet"  # a run's steps in the common schema
+SUMMARY = "summary.csv"
+CONFORMANCE = "conformance.csv"
+REPORT = "report"
+HISTORY = "history"  # the append-only history of pipeline runs (never a rule output: it outlives every run)
+HISTORY_RECEIPT = "history.appended.json"
+ALERTS = "alerts.md"
+ALERTS_JSON = "alerts.json"
+
+# Logs: one per job, under logs/<stage>/.
+RUN_LOG = "logs/run/{framework}_seed{seed}.log"
+INGEST_LOG = "logs/ingest/{framework}_seed{seed}.log"
+PLAN_LOG = "logs/plan/{framework}_seed{seed}.log"
+ENV_LOG = "logs/env/{env}.log"
+IMAGE_LOG = "logs/image/{env}.log"
+CHECKOUT_LOG = "logs/setup/{framework}_checkout.log"
+
+
+def path(results: str | Path, pattern: str, **fields: object) -> Path:
+    """`pattern` (one of the names above) under the results directory `results`, its fields filled in."""
+    return Path(results) / pattern.format(**fields)
