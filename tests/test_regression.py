@@ -353,3 +353,17 @@ def test_a_run_that_waited_for_the_cpu_is_not_judged_and_a_quiet_slowdown_alerts
     alerts = json.loads((results / "alerts.json").read_text())
     assert {a["metric"] for a in alerts["alerts"]} == {"throughput_tok_s", "throughput_tok_cpu_s"}
     assert all(a["evidence"]["n_history_runs"] == 10 for a in alerts["alerts"])
+
+
+def test_a_transition_change_under_a_millisecond_is_not_an_alert_whatever_its_z():
+    """The CPU reference's transition is 0.2-0.4 ms of OS scheduling: a 40% longer one is jitter nobody can act on,
+    while the same 40% on a GPU framework's half-second transition is a regression."""
+    transition = next(m for m in METRICS if m.name == "time_transition_s_median")
+    rng = np.random.default_rng(7)
+    for level, expected in ((0.0003, "ok"), (0.5, "regression")):
+        history = _history(level * np.exp(0.02 * rng.standard_normal((12, 3))))
+        baseline = {s: [level] * 5 for s in (0, 1, 2)}
+        got = assess(transition, dict.fromkeys((0, 1, 2), level * 1.4), baseline, history)
+        assert got["status"] == expected and got["evidence"]["z"] > 10, got
+        if expected == "ok":
+            assert "under the 0.001 a change of this metric must reach to matter" in got["reason"]

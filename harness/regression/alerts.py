@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.io import write_json, write_text
-from harness.regression.statistics import MIN_HISTORY, NEIGHBOURS, PERSISTENCE, Z_CRIT, Z_SUPPORT
+from harness.regression.statistics import METRICS, MIN_HISTORY, NEIGHBOURS, PERSISTENCE, Z_CRIT, Z_SUPPORT
 from harness.results import layout
 
 
@@ -73,7 +73,9 @@ def render_markdown(result: dict) -> str:
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
               f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at "
               f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than "
-              f"{MIN_HISTORY} past runs it is not judged. See docs/regression.md.", ""]
+              f"{MIN_HISTORY} past runs it is not judged. A change under a metric's floor in its own unit is never "
+              "judged (" + "; ".join(f"{m.label}: {m.min_abs:g}" for m in METRICS if m.min_abs) + "). See "
+              "docs/regression.md.", ""]
     return "\n".join(lines)
 
 

@@ -15,7 +15,8 @@ The method (docs/regression.md explains it for users):
   only an unbroken run of nights each worse by Z_SUPPORT noise levels on its own, this one first: a night back
   within noise neither alerts through the nights before it nor lets a later night lean on them, so a fixed
   regression stops alerting the night the fix lands, and the check says since when. With fewer than MIN_HISTORY
-  past runs the noise is not known, and the check says so.
+  past runs the noise is not known, and the check says so. A change smaller than the metric's min_abs in its own
+  unit (a transition under 1 ms longer: OS jitter on a CPU run) is never judged, whatever its z.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way

@@ -38,6 +38,8 @@ class Metric:
     timed: bool  # measured with a clock, so a run that waited for the CPU cannot be judged on it
     # A better-controlled figure of the same thing: where that one is judged, this one is shown as context.
     defer_to: str | None = None
+    # A change smaller than this in the metric's own unit is not one anybody can act on, whatever its z.
+    min_abs: float = 0.0
 
     def transform(self, x: float) -> float:
         return math.log(x) if self.log_scale else x
@@ -55,7 +57,10 @@ METRICS = (
     Metric("throughput_tok_s", "throughput (tokens/s)", "alert", True, True, math.log(1 / 0.97), True, ADJUSTED),
     Metric("throughput_tok_cpu_s", "throughput per CPU-second (tokens/CPU-s; CPU runs)", "alert", True, True,
            math.log(1 / 0.97), True, ADJUSTED),
-    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True),
+    # Under a millisecond a transition's change is the OS scheduler's jitter, with heavy tails (the CPU reference's
+    # whole transition takes 0.2-0.4 ms); a GPU framework's transition takes hundreds of milliseconds to seconds.
+    Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True,
+           min_abs=0.001),
     # The machine's own speed: when it changes, the raw throughput follows it and the adjusted one does not.
     Metric(PROBE, "machine speed probe (s per fixed workload; CPU runs)", "advisory", False, True, math.log(1.03),
            True),
@@ -245,7 +250,12 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     # regressed nights before it, so an earlier night's verdict never carries into a fixed one.
     streak = next((k for k, w in enumerate(changes) if not (worse_itself(w) and same_level(w))), len(changes))
     persisted = next((m for m in range(2, streak + 1) if decided(changes[:m])), None)
-    if decided([worse]):
+    reference = float(np.median([np.exp(base_ref[s]) if metric.log_scale else base_ref[s] for s in present]))
+    small = abs(float(out["current"]) - reference) < metric.min_abs
+    if small and (decided([worse]) or persisted or decided([-worse])):
+        out.update(status="ok", reason=f"{out['current'] - reference:+.3g} against the baseline: under the "
+                                       f"{metric.min_abs:g} a change of this metric must reach to matter")
+    elif decided([worse]):
         out["status"] = "regression"
     elif persisted:
         out.update(status="regression",
