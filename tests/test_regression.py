@@ -366,4 +366,4 @@ def test_a_transition_change_under_a_millisecond_is_not_an_alert_whatever_its_z(
         got = assess(transition, dict.fromkeys((0, 1, 2), level * 1.4), baseline, history)
         assert got["status"] == expected and got["evidence"]["z"] > 10, got
         if expected == "ok":
-            assert "under the 0.001 a change of this metric must reach to matter" in got["reason"]
+            assert "under this metric's floor of 0.001: too small to act on" in got["reason"]

@@ -58,7 +58,7 @@ METRICS = (
     Metric("throughput_tok_cpu_s", "throughput per CPU-second (tokens/CPU-s; CPU runs)", "alert", True, True,
            math.log(1 / 0.97), True, ADJUSTED),
     # Under a millisecond a transition's change is the OS scheduler's jitter, with heavy tails (the CPU reference's
-    # whole transition takes 0.2-0.4 ms); a GPU framework's transition takes hundreds of milliseconds to seconds.
+    # whole transition takes 0.1-0.4 ms); a GPU framework's transition takes hundreds of milliseconds to seconds.
     Metric("time_transition_s_median", "transition time (s, median)", "alert", False, True, math.log(1.10), True,
            min_abs=0.001),
     # The machine's own speed: when it changes, the raw throughput follows it and the adjusted one does not.
@@ -253,8 +253,8 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     reference = float(np.median([np.exp(base_ref[s]) if metric.log_scale else base_ref[s] for s in present]))
     small = abs(float(out["current"]) - reference) < metric.min_abs
     if small and (decided([worse]) or persisted or decided([-worse])):
-        out.update(status="ok", reason=f"{out['current'] - reference:+.3g} against the baseline: under the "
-                                       f"{metric.min_abs:g} a change of this metric must reach to matter")
+        out.update(status="ok", reason=f"{out['current'] - reference:+.2g} against the baseline, under this metric's "
+                                       f"floor of {metric.min_abs:g}: too small to act on, whatever its z")
     elif decided([worse]):
         out["status"] = "regression"
     elif persisted:
