@@ -6,19 +6,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from harness import HarnessError
 from harness.config import validate_config
+from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.io import read_json_object
 from harness.results import layout
 from harness.results.metrics import read_metrics
 from harness.results.summarize import efficiency_of, read_eval, summarize_run
-
-if TYPE_CHECKING:
-    from harness.frameworks import Adapter
 
 LOG_TAIL_LINES = 30
 
@@ -76,8 +73,6 @@ def _logs_tail(results: Path, run: Run) -> str:
 
 def adapter_of(name: str) -> Adapter | None:
     """The registered adapter, or None for a framework this harness version no longer knows."""
-    from harness.frameworks import get_adapter
-
     try:
         return get_adapter(name)
     except HarnessError:
@@ -108,8 +103,6 @@ def _without_metrics(results: Path, run: Run, adapter: Adapter | None, config: d
         return "not run", f"the run finished but was not ingested ({metrics_path} missing; the pipeline stopped early)"
     if run_log.exists():  # the job started (its shell made the log) and died without a word
         return "failed", f"no metrics ({metrics_path} missing); {run_log} is empty (killed?)"
-    from harness.frameworks import not_runnable
-
     blocked = not_runnable(adapter, config) if adapter is not None else None
     if blocked:
         return "not run", blocked
@@ -124,8 +117,6 @@ def _without_metrics(results: Path, run: Run, adapter: Adapter | None, config: d
 def _upstream_failure(results: Path, run: Run, config: dict) -> str | None:
     """Why a run never started, from the jobs it waits for (the pipeline keeps going past them): its plan refused,
     its environment not built, its pinned source checkout not made (e.g. no network). The stage's last log line."""
-    from harness.frameworks import environment, get_adapter
-
     env = environment(get_adapter(run.framework), config)
     fw, seed = run.framework, run.seed
     stages = [("its plan was refused", layout.path(results, layout.PLAN_LOG, framework=fw, seed=seed),
