@@ -13,7 +13,9 @@ reader can tell.
 `power` builds synthetic nightly series by resampling those measurements: a pipeline run is drawn whole (its
 seeds together, so load shared by the seeds of one run stays shared) and its per-seed values are expressed as
 ratios to the per-seed median over all measured runs, so the seed's own workload cancels. A series of H history
-runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess):
+runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess),
+with the baseline written from the history's last BASELINE_RUNS runs (just updated) or from its first ones (the
+nights since then join its reference, as they do in the check; --baseline-at):
 with no change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
 next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two nights
 10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
@@ -105,12 +107,15 @@ def _series(ratios: np.ndarray, level: np.ndarray, draws: np.ndarray) -> np.ndar
 
 
 def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, history: int, drop: float,
-             trials: int, rng, fix_drop: float = 0.10, fixed_after: int = 2, otava: list | None = None) -> dict:
+             trials: int, rng, fix_drop: float = 0.10, fixed_after: int = 2, baseline_at: str = "last",
+             otava: list | None = None) -> dict:
     """Rates over `trials` synthetic series: any alert on a night with no change (false alarm); a throughput alert
     by each of the first PERSISTENCE nights of a lasting `drop` (fraction, e.g. 0.05); and any alert on each of the
     PERSISTENCE - 1 nights after a fix (`fixed_after` nights `fix_drop` slower, then back: false alarms too).
     `otava`, when a list, receives each case's nightly series (one value a night, as Otava takes it) for
-    `otava_rates`: (case, throughput at the machine's speed over its level, median over seeds, first night judged)."""
+    `otava_rates`: (case, throughput at the machine's speed over its level, median over seeds, first night judged).
+    `baseline_at`: "last", the baseline written from the last BASELINE_RUNS history runs (just updated), or
+    "first", from the first ones (written history - BASELINE_RUNS nights ago; those nights join its reference)."""
     from harness.regression.statistics import (
         ADJUSTED,
         METRICS,
@@ -126,6 +131,7 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     # for the machine's speed) is context, not an alert.
     metrics = [m for m in METRICS if m.kind == "alert" and m.name in measured and m.defer_to not in measured]
     n_runs = len(next(iter(ratios.values())))
+    b0 = history - BASELINE_RUNS if baseline_at == "last" else 0
     nights = PERSISTENCE
     after_fix = PERSISTENCE - 1  # the window persistence looks back over: every night it could carry a verdict into
     speed = set(THROUGHPUT) | {ADJUSTED}
@@ -140,19 +146,20 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
 
     def values(name: str, raw: dict[str, np.ndarray], n_past: int) -> np.ndarray:
         """A metric's values over the drawn runs; the adjusted throughput fitted on the first n_past, as check fits
-        it on the history, and brought to the probe time of the baseline (the last BASELINE_RUNS of history)."""
+        it on the history, and brought to the probe time of the baseline's runs."""
         if name != ADJUSTED:
             return raw[name]
         t, p = raw["throughput_tok_s"], raw[PROBE]
         theta, _, _ = machine_sensitivity(pd.DataFrame(np.log(t[:n_past])), pd.DataFrame(np.log(p[:n_past])))
-        return adjust_for_machine(t, p, theta, float(np.median(p[history - BASELINE_RUNS:history])))
+        return adjust_for_machine(t, p, theta, float(np.median(p[b0:b0 + BASELINE_RUNS])))
 
     def judged(m, raw: dict[str, np.ndarray], night: int) -> bool:
         vals = values(m.name, raw, night)
         past = vals[:night]
-        baseline = {s: list(vals[history - BASELINE_RUNS:history, s]) for s in range(vals.shape[1])}
+        baseline = {s: list(vals[b0:b0 + BASELINE_RUNS, s]) for s in range(vals.shape[1])}
+        since = [dict(enumerate(r)) for r in vals[b0 + BASELINE_RUNS:night]]
         return assess(m, dict(enumerate(vals[night])), baseline, pd.DataFrame(np.log(past)),
-                      recent(past))["status"] == "regression"
+                      recent(past), since=since)["status"] == "regression"
 
     def draw(n: int) -> dict[str, np.ndarray]:
         # Whole runs without replacement while the pool allows: a run drawn twice would sit next to itself and
@@ -289,22 +296,23 @@ def power(args) -> int:
         print(f"measured run-level {name} noise (1.4826 x MAD, median over seeds): {100 * sigma:.1f}%; per-seed "
               f"spread of single runs: {100 * np.std(np.log(ratios[name])):.1f}% (sd of log ratio)")
     print(f"method: z >= {Z_CRIT}, minimum history {MIN_HISTORY} runs, persistence over up to {PERSISTENCE} runs, "
-          f"baseline = last {BASELINE_RUNS} runs; {args.trials} synthetic series per row; drop {100 * args.drop:.0f}%")
+          f"baseline = {BASELINE_RUNS} runs, the last of the history (just written) or its first (written that many "
+          f"nights before); {args.trials} synthetic series per row; drop {100 * args.drop:.0f}%")
     nights = range(1, PERSISTENCE + 1)
     print(f"false alarms: per clean night, after a clean history and on each of the {PERSISTENCE - 1} nights after a "
           f"fix ({args.fixed_after} nights {100 * args.fix_drop:.0f}% slower, then back)")
-    print("| method | seeds | history runs | false alarms | after a fix | "
+    print("| method | seeds | history runs | baseline from | false alarms | after a fix | "
           + " | ".join(f"detected by night {k}" for k in nights) + " |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * len(nights))
+    print("|---|---:|---:|---|---:|---:|" + "---:|" * len(nights))
     results = []
     for k in sorted({min(k, n_seeds) for k in args.seeds}):
         sub_r = {n: r[:, :k] for n, r in ratios.items()}
         sub_l = {n: lv[:k] for n, lv in levels.items()}
-        for h in args.history:
+        for h, at in itertools.product(args.history, args.baseline_at):
             cases = [] if args.otava else None
             r = simulate(sub_r, sub_l, history=h, drop=args.drop, trials=args.trials, rng=rng,
-                         fix_drop=args.fix_drop, fixed_after=args.fixed_after, otava=cases)
-            results.append({"seeds": k, "history": h, **r})
+                         fix_drop=args.fix_drop, fixed_after=args.fixed_after, baseline_at=at, otava=cases)
+            results.append({"seeds": k, "history": h, "baseline_at": at, **r})
             drawn = "" if h + PERSISTENCE <= n_pipelines else " (runs drawn with replacement)"
             # Otava judges the throughput series alone: the check's throughput alerts are the like-for-like row.
             rows = [("remax-bench check", r), ("remax-bench check, throughput alerts alone",
@@ -314,14 +322,15 @@ def power(args) -> int:
                 rows += [(f"Otava 0.8.0, p {p}", otava_rates(args.otava, cases, history=h, max_pvalue=p))
                          for p in args.otava_pvalue]
             for method, rr in rows:
-                print(f"| {method} | {k} | {h}{drawn} | {100 * rr['false_alarm']:.2f}% | "
+                print(f"| {method} | {k} | {h}{drawn} | {at} {BASELINE_RUNS} runs | {100 * rr['false_alarm']:.2f}% | "
                       f"{100 * rr['false_alarm_after_fix']:.2f}% | "
                       + " | ".join(f"{100 * rr[f'detected_by_night{n}']:.1f}%" for n in nights) + " |", flush=True)
     by = f"detected_by_night{DETECT_BY}"
     meets = [r for r in results if max(r["false_alarm"], r["false_alarm_after_fix"]) <= 0.01 and r[by] >= 0.95]
     print(f"targets (<= 1% false alarms, after a fix too; >= 95% detection of a lasting {100 * args.drop:.0f}% drop "
           f"by night {DETECT_BY}) met by: "
-          + (", ".join(f"{r['seeds']} seeds with {r['history']} history runs" for r in meets) or "no row"))
+          + (", ".join(f"{r['seeds']} seeds with {r['history']} history runs, baseline from its {r['baseline_at']} "
+                       f"{BASELINE_RUNS}" for r in meets) or "no row"))
     return 0 if meets else 1
 
 
@@ -348,6 +357,9 @@ def main() -> int:
                         "same series with its change-point detection too")
     p.add_argument("--otava-pvalue", type=float, nargs="+", default=[0.001],
                    help="Otava's max_pvalue (its CLI's default: 0.001)")
+    p.add_argument("--baseline-at", nargs="+", choices=["last", "first"], default=["last", "first"],
+                   help="which history runs the baseline is written from: the last (just updated) or the first "
+                        "(the nights since then join its reference)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="raise the measured ratios to this power (0.5 = half the noise in log units): a what-if for "

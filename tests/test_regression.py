@@ -67,6 +67,23 @@ def test_no_change_passes_and_a_ten_percent_slowdown_alerts(tmp_path):
     assert md.startswith("# Regression check: REGRESSION") and "`reference.inject_slowdown` 0 -> 0.1" in md
 
 
+def test_check_takes_the_nights_after_the_baselines_runs_into_its_reference(tmp_path):
+    """`check` passes the history's nights after the baseline's last run, so an older baseline is judged with the
+    nights since it at its level; the baseline's own runs and the nights before them never join twice."""
+    results = nights(tmp_path / "results", 12)
+    ids = [p.name.split("-")[1].removesuffix(".jsonl") for p in sorted((results / HISTORY_DIR).glob("*.jsonl"))]
+    baseline = tmp_path / "cpu.json"
+    assert run_cli("baseline", "update", "--results", results, "--out", baseline, "--runs", *ids[:5]).returncode == 0
+    make_results(results, noise=0.01, rng=np.random.default_rng(13), created="2026-01-13T00:00:00+00:00")
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [tput] = [c for c in json.loads((results / "alerts.json").read_text())["checks"]
+              if c["metric"] == "throughput_tok_s"]
+    # Seven nights after the baseline's last run; the last PERSISTENCE - 1 of them are persistence's.
+    assert tput["evidence"]["n_baseline_runs"] == 5
+    assert 5 < tput["evidence"]["n_reference_runs"] <= 5 + 7 - (PERSISTENCE - 1)
+
+
 def test_a_run_that_stops_learning_gets_an_advisory_not_a_failure(tmp_path):
     results = nights(tmp_path / "results", 10)
     baseline = tmp_path / "cpu.json"
@@ -168,16 +185,19 @@ def test_a_metric_this_run_did_not_record_is_no_comparison_not_a_crash():
     assert got["status"] == "no comparison" and f"no {THROUGHPUT.name} value for seeds [0, 1, 2]" in got["reason"]
 
 
-def nightly_verdicts(values, history=12, baseline_runs=5):
+def nightly_verdicts(values, history=12, baseline_runs=5, baseline_from=None):
     """Each night after the first `history` judged as `check` judges it: against the nights before it (the noise),
-    the last `baseline_runs` of the first `history` (the baseline) and the most recent nights (persistence)."""
+    the baseline (`baseline_runs` nights from `baseline_from`, by default the last of the first `history`) and the
+    nights since it (the reference grows with those at its level), and the most recent nights (persistence)."""
+    b0 = history - baseline_runs if baseline_from is None else baseline_from
     out = []
     for night in range(history, len(values)):
         past = values[:night]
         result = assess(THROUGHPUT, dict(enumerate(values[night])),
-                        {s: list(values[history - baseline_runs:history, s]) for s in range(values.shape[1])},
+                        {s: list(values[b0:b0 + baseline_runs, s]) for s in range(values.shape[1])},
                         _history(past), [dict(enumerate(r)) for r in past[::-1][:PERSISTENCE - 1]],
-                        [f"r{i}" for i in range(night, night - PERSISTENCE, -1)])
+                        [f"r{i}" for i in range(night, night - PERSISTENCE, -1)],
+                        [dict(enumerate(r)) for r in values[b0 + baseline_runs:night]])
         out.append(result)
     return out
 
@@ -199,8 +219,10 @@ def test_after_a_fix_only_the_regressed_nights_alert_and_the_recovery_is_said():
 def test_a_regression_that_lasts_alerts_every_night_and_a_small_one_by_persistence():
     values = quiet_nights(12, sd=0.04)
     sigma, _ = noise_level(_history(values))
-    lasting = nightly_verdicts(np.vstack([values, values[:6] * 0.75]))
-    assert [v["status"] for v in lasting] == ["regression"] * 6
+    # Longer than persistence's window: the regressed nights that leave it never join the reference.
+    lasting = nightly_verdicts(np.vstack([values, values[:12] * 0.75]))
+    assert [v["status"] for v in lasting] == ["regression"] * 12
+    assert {v["evidence"]["n_reference_runs"] for v in lasting} == {5}
     # Worse by 2.5 noise levels a night, more than the minimum effect: below z 3 alone, beyond it on average.
     assert 2.5 * sigma > THROUGHPUT.min_effect
     small = np.exp(-2.5 * sigma)
@@ -208,6 +230,34 @@ def test_a_regression_that_lasts_alerts_every_night_and_a_small_one_by_persisten
     assert creeping[0]["status"] == "ok" and creeping[0]["evidence"]["z"] < 3
     assert [v["status"] for v in creeping[1:]] == ["regression"] * 3
     assert all("persisted over the last" in v["reason"] for v in creeping[1:])
+
+
+def test_the_nights_since_the_baseline_at_its_level_join_its_reference_and_no_others():
+    """The reference is the baseline's runs and the nights after them at its level, so its error, which every
+    night shares, shrinks as the baseline ages; a night off that level, and the nights persistence is still
+    judging, stay out."""
+    history = _history(quiet_nights(12, seed=6))
+    baseline = {s: [990.0, 995.0, 1000.0, 1005.0, 1010.0] for s in (0, 1, 2)}
+    since = [dict.fromkeys((0, 1, 2), 1000.0) for _ in range(15)]
+    since[3] = dict.fromkeys((0, 1, 2), 920.0)  # a regressed night
+    since[6] = dict.fromkeys((0, 1, 2), 1080.0)  # a night much faster than the baseline
+    since[-1] = dict.fromkeys((0, 1, 2), 900.0)  # under test with this night (persistence), not the reference
+    got = assess(THROUGHPUT, dict.fromkeys((0, 1, 2), 1000.0), baseline, history, since=since)
+    assert got["status"] == "ok" and got["evidence"]["n_baseline_runs"] == 5
+    assert got["evidence"]["n_reference_runs"] == 5 + (15 - (PERSISTENCE - 1)) - 2
+    assert got["baseline"] == 1000.0
+
+
+def test_a_level_accepted_by_a_baseline_update_does_not_alert_and_a_drop_from_it_does():
+    """A 10% regression, then `baseline update` from five of its nights: the nights at the accepted level are ok
+    however long they last, and a further drop is judged against the new level."""
+    values = quiet_nights(30, seed=7)
+    values[12:] *= 0.9
+    before = nightly_verdicts(values[:20])
+    assert [v["status"] for v in before] == ["regression"] * 8
+    accepted = nightly_verdicts(np.vstack([values, values[-1] * 0.9]), history=20, baseline_from=14)
+    assert [v["status"] for v in accepted] == ["ok"] * 10 + ["regression"]
+    assert accepted[-1]["evidence"]["n_reference_runs"] > 5
 
 
 def test_a_slow_drift_alerts_once_it_passes_the_minimum_effect_and_every_night_after():
@@ -263,6 +313,18 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     md = (work / "results" / "alerts.md").read_text()
     assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
     assert len(list((work / "results" / HISTORY_DIR).glob("*.jsonl"))) == 2  # appended once, not again
+
+    # A baseline at this run's speed whose reward was higher: an advisory, which must not fail the target (it
+    # did while the target looked for "regression" anywhere in alerts.json, advisories and context included).
+    base = json.loads(baseline.read_text())
+    for r in base["frameworks"]["reference"]["runs"]:
+        r["metrics"] = {**r["metrics"], "reward_last10": r["metrics"]["reward_last10"] + 0.5,
+                        **{k: r["metrics"][k] / 1.5 for k in ("throughput_tok_s", "throughput_tok_cpu_s")}}
+    baseline.write_text(json.dumps(base))
+    proc = snakemake(work, "check", "--cores", "1", "--configfile", REPO / "workflows" / "config" / "micro.yaml")
+    alerts = json.loads((work / "results" / "alerts.json").read_text())
+    assert alerts["status"] == "ok" and [a["metric"] for a in alerts["advisories"]] == ["reward_last10"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_throughput(tmp_path):

@@ -37,19 +37,20 @@ def render_markdown(result: dict) -> str:
     lines = [f"# Regression check: {head}", "",
              f"- run: `{result['pipeline_run']}` ({result['pipeline_time']}), profile `{result['profile']}`",
              f"- hardware: {result['hardware']}", f"- baseline: `{result['baseline']}`", ""]
-    header = ["| framework | metric | status | baseline | current | change | noise (1 sigma) | z | history runs |"
-              " seeds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["| framework | metric | status | reference | current | change | noise (1 sigma) | z | history runs |"
+              " reference runs | seeds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def row(c: dict) -> str:
         if c.get("metric") == "*":
-            return f"| {c['framework']} | * | {c['status']}: {c['reason']} | | | | | | | |"
+            return f"| {c['framework']} | * | {c['status']}: {c['reason']} | | | | | | | | |"
         ev = c["evidence"]
         unit = c["unit"]
         status = c["status"] + (f" ({c['reason']})" if c.get("reason") else "")
         z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
+        since = ev["n_reference_runs"] - ev["n_baseline_runs"]
         return (f"| {c['framework']} | {c['label']} | {status} | {_fmt(c['baseline'])} | {_fmt(c['current'])} |"
                 f" {_fmt(c['change'], unit)} | {_fmt(ev['noise'], unit).lstrip('+')} | {z} | {ev['n_history_runs']} |"
-                f" {len(ev['seeds'])} |")
+                f" {ev['n_baseline_runs']}{f' + {since} since' if since else ''} | {len(ev['seeds'])} |")
 
     for title, kind in (("Alerts (throughput, transition time)", "alert"),
                         ("Context (raw throughput: the figure adjusted for the machine's speed decides; never fails "
@@ -67,7 +68,9 @@ def render_markdown(result: dict) -> str:
             lines += [""] if lines[-1] else []
     lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
     lines += ["## Method", "",
-              "Change = median over seeds of each seed's change against the same seed in the baseline (paired; log "
+              "Reference = the baseline's runs and the nights after them at its level (within "
+              f"{Z_SUPPORT} noise levels; not the last {PERSISTENCE - 1}, which persistence judges with this run). "
+              "Change = median over seeds of each seed's change against the same seed in the reference (paired; log "
               "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
               f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
               f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "

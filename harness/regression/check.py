@@ -2,7 +2,11 @@
 
 The method (docs/regression.md explains it for users):
 - Values are compared per seed, paired: a seed's workload is deterministic (same tokens every run), so its
-  change against the same seed in the baseline is a change in speed, not in workload.
+  change against the same seed in the reference is a change in speed, not in workload.
+- The reference is the baseline's runs and the history's nights after them whose change against the baseline is
+  within Z_SUPPORT noise levels either way (the last PERSISTENCE - 1 excepted: persistence judges them with this
+  run). A baseline of 5 runs has an error every night shares; as it ages, the nights since at its level shrink
+  that error, and a `baseline update` that accepts a new level starts the reference again from its runs.
 - The run's change is the median over its seeds of the per-seed changes (log scale for times and rates): a load
   spike that hits one seed cannot raise an alert alone; at least half the seeds must show it (within-run
   replication).
@@ -54,6 +58,7 @@ from harness.regression.statistics import (
     PROBE,
     Z_CRIT,
     Z_SUPPORT,
+    Metric,
     adjust_for_machine,
     assess,
     machine_sensitivity,
@@ -117,6 +122,8 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
                                                                                                 probe_ref)
 
     extract[ADJUSTED] = adjusted
+    # The nights after the baseline's last run: those at its level join its runs as the reference.
+    base_end = max((r.get("pipeline_time") or "" for r in base["runs"]), default="")
     checks = []
     for m in METRICS:
         rows = quiet if m.timed else series
@@ -127,13 +134,19 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
             v = extract[m.name](r)
             if v is not None and (not m.log_scale or v > 0):
                 baseline.setdefault(r["seed"], []).append(v)
-        current = {r["seed"]: extract[m.name](r) for r in cur_rows}
-        current = {s: (v if v is None or not m.log_scale or v > 0 else None) for s, v in current.items()}
+        def per_seed(rows_of_run: list[dict], metric: Metric = m) -> dict[int, float | None]:
+            """seed -> the metric's value in those rows; None where absent or, on a log scale, not positive."""
+            return {r["seed"]: v if (v := extract[metric.name](r)) is None or not metric.log_scale or v > 0 else None
+                    for r in rows_of_run}
+
+        current = per_seed(cur_rows)
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
-        previous = [{r["seed"]: v if (v := extract[m.name](r)) is None or not m.log_scale or v > 0 else None
-                     for r in history if r["pipeline_run"] == run} for run in recent]
-        result = assess(m, current, baseline, series_table(rows, m, extract[m.name]), previous, [now, *recent])
+        since = dict.fromkeys(r["pipeline_run"] for r in history if r in rows and base_end
+                              and r["pipeline_time"] > base_end)
+        result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
+                        [per_seed([r for r in history if r["pipeline_run"] == run]) for run in recent],
+                        [now, *recent], [per_seed([r for r in history if r["pipeline_run"] == run]) for run in since])
         if m.name == ADJUSTED:
             result["evidence"]["machine_sensitivity"] = {
                 "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,

@@ -20,7 +20,9 @@ MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
 PERSISTENCE = 5  # runs (this one and the previous ones, a working week) whose mean change may confirm a drop
-Z_SUPPORT = 1.5  # noise levels a night must be worse by on its own before persistence may count it
+# Noise levels a night must be worse by on its own before persistence may count it; a night since the baseline
+# within this many of it, either way, is at its level and joins its reference.
+Z_SUPPORT = 1.5
 MAD_TO_SIGMA = 1.4826
 REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
@@ -154,33 +156,62 @@ def series_table(rows: list[dict], metric: Metric, values: Callable[[dict], floa
     return df.pivot_table(index="pipeline_run", columns="seed", values="value", aggfunc="median").loc[order]
 
 
+def seed_medians(metric: Metric, runs: dict[int, list[float]]) -> dict[int, float]:
+    """seed -> the median of its values over the runs, transformed (log for times and rates)."""
+    return {s: float(np.median([metric.transform(v) for v in vs])) for s, vs in runs.items() if vs}
+
+
+def at_baseline_level(metric: Metric, baseline: dict[int, list[float]], since: list[dict[int, float | None]],
+                      sigma: float) -> list[dict[int, float]]:
+    """The runs since the baseline that are at its level: their change against it (median over seeds) within
+    Z_SUPPORT noise levels either way. The last PERSISTENCE - 1 are left out whatever their level: persistence
+    judges them with this run, so they are under test, not the reference."""
+    tr = metric.transform
+    base_ref = seed_medians(metric, baseline)
+    level = []
+    for values in since[:max(0, len(since) - (PERSISTENCE - 1))]:
+        present = {s: v for s, v in values.items() if s in base_ref and v is not None}
+        if present and abs(float(np.median([tr(v) - base_ref[s] for s, v in present.items()]))) < Z_SUPPORT * sigma:
+            level.append(present)
+    return level
+
+
 def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
            history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None,
-           runs: list[str] | None = None) -> dict:
+           runs: list[str] | None = None, since: list[dict[int, float | None]] | None = None) -> dict:
     """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
 
     `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
-    `baseline`: seed -> values over its runs; `history`: past runs x seeds of transformed values (for the noise);
-    `runs`: the names of this run and of the `previous` ones, for saying since when a series is back to its baseline.
+    `baseline`: seed -> values over its runs; `since`: the history's runs after the baseline's last one, oldest
+    first, seed -> value: those at the baseline's level join its runs as the reference (at_baseline_level);
+    `history`: past runs x seeds of transformed values (for the noise); `runs`: the names of this run and of the
+    `previous` ones, for saying since when a series is back to its baseline.
     """
     tr = metric.transform
-    base_ref = {s: float(np.median([tr(v) for v in vs])) for s, vs in baseline.items() if vs}
-    seeds = sorted(s for s in current if s in base_ref)
     n_history = len(history)
     sigma, n_resid, largest = null_of(history)
     n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
+    # The reference is the baseline's runs and the nights since at its level: a median of more runs whose error
+    # every night shares less (the shrink below), and it restarts when `baseline update` accepts a new level.
+    level = at_baseline_level(metric, baseline, since or [], sigma) if n_resid >= MIN_HISTORY else []
+    ref_values = {s: [*vs, *(r[s] for r in level if s in r)] for s, vs in baseline.items() if vs}
+    base_ref = seed_medians(metric, ref_values)
+    n_ref_runs = n_base_runs + len(level)
+    seeds = sorted(s for s in current if s in base_ref)
     unit = "%" if metric.log_scale else ""
     out: dict[str, Any] = {"metric": metric.name, "label": metric.label, "class": metric.kind,
-           "baseline": float(np.median([v for vs in baseline.values() for v in vs])) if baseline else None,
+           "baseline": float(np.median([v for vs in ref_values.values() for v in vs])) if ref_values else None,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
-           "evidence": {"test": (f"median over seeds of the paired per-seed change vs the baseline; alert when worse "
+           "evidence": {"test": ("median over seeds of the paired per-seed change vs the reference (the baseline's "
+                                 "runs and the nights since at its level); alert when worse "
                                  f"by >= {metric.change(metric.min_effect):.3g}{unit}, >= {Z_CRIT} x noise and more "
                                  "than any past run deviated, in this run or on average over this and up to "
                                  f"{PERSISTENCE - 1} previous runs, each worse by >= {Z_SUPPORT} x noise on its own "
                                  "and not clearly worse than this one"),
                         "noise": None if math.isnan(sigma) else metric.change(sigma), "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest),
-                        "n_history_runs": n_history, "n_baseline_runs": n_base_runs, "seeds": seeds,
+                        "n_history_runs": n_history, "n_baseline_runs": n_base_runs,
+                        "n_reference_runs": n_ref_runs, "seeds": seeds,
                         "per_seed_change": {}}}
     if not seeds:
         out.update(status="no comparison", reason="no seed in common with the baseline")
@@ -222,7 +253,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     # are under test, not the null). Averaging shrinks the runs' own noise by m but not the baseline's, which all
     # m changes share: with a baseline median of n runs holding c = (pi / 2) / n of a run's variance, the mean's
     # noise is sigma * sqrt((1/m + c) / (1 + c)); the widest past deviation it must beat shrinks alike.
-    share = (math.pi / 2) / max(n_base_runs, 1)
+    share = (math.pi / 2) / max(n_ref_runs, 1)
     nulls = {1: (sigma, n_resid, largest)}
     nulls.update({m: null_of(history.iloc[:n_history - (m - 1)]) for m in range(2, len(changes) + 1)})
     shrink = {m: math.sqrt((1 / m + share) / (1 + share)) for m in nulls}
