@@ -72,6 +72,11 @@ def _metric_of(name: str) -> Callable[[dict], float | None]:
     return lambda r: r["metrics"].get(name)
 
 
+def _per_seed(metric: Metric, value: Callable[[dict], float | None], rows: list[dict]) -> dict[int, float | None]:
+    """seed -> the metric's value in those rows (one run's); None where absent or, on a log scale, not positive."""
+    return {r["seed"]: v if (v := value(r)) is None or not metric.log_scale or v > 0 else None for r in rows}
+
+
 def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
     target = base.get("reward_target")
     extract = {m.name: _metric_of(m.name) for m in METRICS}
@@ -124,6 +129,9 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     extract[ADJUSTED] = adjusted
     # The nights after the baseline's last run: those at its level join its runs as the reference.
     base_end = max((r.get("pipeline_time") or "" for r in base["runs"]), default="")
+    runs_of: dict[str, list[dict]] = {}
+    for r in history:
+        runs_of.setdefault(r["pipeline_run"], []).append(r)
     checks = []
     for m in METRICS:
         rows = quiet if m.timed else series
@@ -134,19 +142,14 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
             v = extract[m.name](r)
             if v is not None and (not m.log_scale or v > 0):
                 baseline.setdefault(r["seed"], []).append(v)
-        def per_seed(rows_of_run: list[dict], metric: Metric = m) -> dict[int, float | None]:
-            """seed -> the metric's value in those rows; None where absent or, on a log scale, not positive."""
-            return {r["seed"]: v if (v := extract[metric.name](r)) is None or not metric.log_scale or v > 0 else None
-                    for r in rows_of_run}
-
-        current = per_seed(cur_rows)
+        current = _per_seed(m, extract[m.name], cur_rows)
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
         since = dict.fromkeys(r["pipeline_run"] for r in history if r in rows and base_end
                               and r["pipeline_time"] > base_end)
         result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
-                        [per_seed([r for r in history if r["pipeline_run"] == run]) for run in recent],
-                        [now, *recent], [per_seed([r for r in history if r["pipeline_run"] == run]) for run in since])
+                        [_per_seed(m, extract[m.name], runs_of[run]) for run in recent], [now, *recent],
+                        [_per_seed(m, extract[m.name], runs_of[run]) for run in since])
         if m.name == ADJUSTED:
             result["evidence"]["machine_sensitivity"] = {
                 "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
