@@ -72,9 +72,15 @@ def _metric_of(name: str) -> Callable[[dict], float | None]:
     return lambda r: r["metrics"].get(name)
 
 
+def _judgeable(metric: Metric, value: Callable[[dict], float | None], row: dict) -> float | None:
+    """The metric's value in a row; None where absent or, on a log scale, not positive."""
+    v = value(row)
+    return None if v is None or (metric.log_scale and v <= 0) else v
+
+
 def _per_seed(metric: Metric, value: Callable[[dict], float | None], rows: list[dict]) -> dict[int, float | None]:
-    """seed -> the metric's value in those rows (one run's); None where absent or, on a log scale, not positive."""
-    return {r["seed"]: v if (v := value(r)) is None or not metric.log_scale or v > 0 else None for r in rows}
+    """seed -> the metric's value in those rows (one run's), as _judgeable gives it."""
+    return {r["seed"]: _judgeable(metric, value, r) for r in rows}
 
 
 def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
@@ -139,8 +145,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         recent = list(dict.fromkeys(r["pipeline_run"] for r in reversed(history) if r in rows))[:PERSISTENCE - 1]
         baseline: dict[int, list[float]] = {}
         for r in base["runs"]:
-            v = extract[m.name](r)
-            if v is not None and (not m.log_scale or v > 0):
+            if (v := _judgeable(m, extract[m.name], r)) is not None:
                 baseline.setdefault(r["seed"], []).append(v)
         current = _per_seed(m, extract[m.name], cur_rows)
         if not baseline and all(v is None for v in current.values()):
