@@ -25,6 +25,9 @@ series with Apache Otava's change-point detection too. Contended runs are left o
 them out. The metrics that alert are the check's: where the data has the machine-speed probe, the throughput
 adjusted by it (its sensitivity fitted on each synthetic history, as the check fits it) alone stands for
 throughput; a slower step slows the throughput by the drop, and the probe, timed outside the step, stays as it was.
+A night whose probe lies far outside the history's range is not judged, as the check does not judge it (the
+machine-speed guard, harness.regression.statistics.machine_speed_outside); the share of clean nights it leaves
+unjudged is printed beside the rates.
 """
 
 from __future__ import annotations
@@ -124,6 +127,7 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
         adjust_for_machine,
         assess,
         machine_sensitivity,
+        machine_speed_outside,
     )
 
     measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
@@ -135,11 +139,18 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     nights = PERSISTENCE
     after_fix = PERSISTENCE - 1  # the window persistence looks back over: every night it could carry a verdict into
     speed = set(THROUGHPUT) | {ADJUSTED}
-    counts = {"false_alarm": 0, "false_alarm_after_fix": 0, "false_alarm_throughput": 0,
+    counts = {"not_judged": 0, "false_alarm": 0, "false_alarm_after_fix": 0, "false_alarm_throughput": 0,
               "false_alarm_after_fix_throughput": 0, **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
 
     def alerts(raw: dict[str, np.ndarray], night: int) -> set[str]:
-        return {m.name for m in metrics if judged(m, raw, night)}
+        return set() if outside(raw, night) else {m.name for m in metrics if judged(m, raw, night)}
+
+    def outside(raw: dict[str, np.ndarray], night: int) -> bool:
+        """The check's machine-speed guard: a night whose probe lies far beyond the history's is not judged."""
+        if PROBE not in raw:
+            return False
+        probe = np.median(raw[PROBE], axis=1)
+        return machine_speed_outside(list(probe[:night]), float(probe[night])) is not None
 
     def recent(rows: np.ndarray) -> list[dict]:  # the last runs of a history, most recent first, as check passes them
         return [dict(enumerate(r)) for r in rows[::-1][:PERSISTENCE - 1]]
@@ -186,7 +197,9 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
         slowed = slower(raw, slice(history, None), drop)
         alarm = alerts(raw, history)
         detected = next((k + 1 for k in range(nights) for m in metrics
-                         if m.name in speed and judged(m, slowed, history + k)), nights + 1)
+                         if m.name in speed and not outside(slowed, history + k) and judged(m, slowed, history + k)),
+                        nights + 1)
+        counts["not_judged"] += outside(raw, history)
         counts["false_alarm"] += bool(alarm)
         counts["false_alarm_throughput"] += bool(alarm & speed)
         for k in range(1, nights + 1):
@@ -293,7 +306,7 @@ def power(args) -> int:
               f"{100 * noise_level(pd.DataFrame(np.log(adjusted)))[0]:.1f}%")
     for name in (n for n in THROUGHPUT if n in ratios):
         sigma, _ = noise_level(pd.DataFrame(np.log(ratios[name])))
-        print(f"measured run-level {name} noise (1.4826 x MAD, median over seeds): {100 * sigma:.1f}%; per-seed "
+        print(f"measured run-level {name} noise (Qn of run residuals, median over seeds): {100 * sigma:.1f}%; per-seed "
               f"spread of single runs: {100 * np.std(np.log(ratios[name])):.1f}% (sd of log ratio)")
     print(f"method: z >= {Z_CRIT}, minimum history {MIN_HISTORY} runs, persistence over up to {PERSISTENCE} runs, "
           f"baseline = {BASELINE_RUNS} runs, the last of the history (just written) or its first (written that many "
@@ -301,9 +314,9 @@ def power(args) -> int:
     nights = range(1, PERSISTENCE + 1)
     print(f"false alarms: per clean night, after a clean history and on each of the {PERSISTENCE - 1} nights after a "
           f"fix ({args.fixed_after} nights {100 * args.fix_drop:.0f}% slower, then back)")
-    print("| method | seeds | history runs | baseline from | false alarms | after a fix | "
+    print("| method | seeds | history runs | baseline from | not judged (machine speed) | false alarms | after a fix | "
           + " | ".join(f"detected by night {k}" for k in nights) + " |")
-    print("|---|---:|---:|---|---:|---:|" + "---:|" * len(nights))
+    print("|---|---:|---:|---|---:|---:|---:|" + "---:|" * len(nights))
     results = []
     for k in sorted({min(k, n_seeds) for k in args.seeds}):
         sub_r = {n: r[:, :k] for n, r in ratios.items()}
@@ -322,7 +335,9 @@ def power(args) -> int:
                 rows += [(f"Otava 0.8.0, p {p}", otava_rates(args.otava, cases, history=h, max_pvalue=p))
                          for p in args.otava_pvalue]
             for method, rr in rows:
-                print(f"| {method} | {k} | {h}{drawn} | {at} {BASELINE_RUNS} runs | {100 * rr['false_alarm']:.2f}% | "
+                not_judged = f"{100 * rr['not_judged']:.2f}%" if "not_judged" in rr else "-"
+                print(f"| {method} | {k} | {h}{drawn} | {at} {BASELINE_RUNS} runs | {not_judged} | "
+                      f"{100 * rr['false_alarm']:.2f}% | "
                       f"{100 * rr['false_alarm_after_fix']:.2f}% | "
                       + " | ".join(f"{100 * rr[f'detected_by_night{n}']:.1f}%" for n in nights) + " |", flush=True)
     by = f"detected_by_night{DETECT_BY}"

@@ -12,7 +12,15 @@ from test_history import make_results
 
 from harness.config import load_config
 from harness.regression.history import append
-from harness.regression.statistics import METRICS, MIN_HISTORY, PERSISTENCE, assess, machine_sensitivity, noise_level
+from harness.regression.statistics import (
+    METRICS,
+    MIN_HISTORY,
+    PERSISTENCE,
+    assess,
+    machine_sensitivity,
+    noise_level,
+    qn_scale,
+)
 from harness.results.layout import HISTORY as HISTORY_DIR
 
 THROUGHPUT = METRICS[0]
@@ -269,6 +277,17 @@ def test_a_slow_drift_alerts_once_it_passes_the_minimum_effect_and_every_night_a
     assert verdicts[first]["change"] <= -100 * THROUGHPUT.min_effect and first <= 5
 
 
+def test_qn_is_a_standard_deviation_at_history_sizes_and_ignores_wild_runs():
+    rng = np.random.default_rng(9)
+    for n in (8, 12, 20):
+        estimates = [qn_scale(0.02 * rng.standard_normal(n)) for _ in range(2000)]
+        assert abs(np.mean(estimates) / 0.02 - 1) < 0.03  # unbiased with its small-sample corrections
+    x = 0.02 * rng.standard_normal(20)
+    wild = x.copy()
+    wild[:3] += 0.5  # three freak runs of twenty, 25 noise levels off
+    assert qn_scale(wild) < 1.6 * qn_scale(x)  # a standard deviation: about eight times as large
+
+
 def test_noise_level_ignores_an_earlier_level_shift_and_a_freak_run():
     rng = np.random.default_rng(4)
     values = 1000 * np.exp(0.01 * rng.standard_normal((20, 3)))
@@ -328,7 +347,7 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
 
 
 def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_throughput(tmp_path):
-    # Ten nights on a machine whose speed drifts 2% (sd) from night to night: the probe beside each step slows
+    # Ten nights on a machine whose speed drifts 1.5% (sd) from night to night: the probe beside each step slows
     # with it, and this run's throughput 1.5 times as much (the history, not the test, must find the 1.5).
     rng = np.random.default_rng(0)
     results = tmp_path / "results"
@@ -337,8 +356,8 @@ def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_th
         make_results(results, throughput=1000.0 * code * math.exp(-1.5 * drift), probe_s=0.001 * math.exp(drift),
                      contention=1.0, noise=0.003, rng=rng, created=f"2026-01-{day:02d}T00:00:00+00:00")
 
-    for day in range(1, 11):
-        night(day, 0.02 * rng.standard_normal())
+    for day in range(1, 11):  # two of them 6% slower and faster: the range the adjustment is fitted on
+        night(day, {3: 0.06, 7: -0.06}.get(day, 0.015 * rng.standard_normal()))
         append(results)
     baseline = tmp_path / "cpu.json"
     assert run_cli("baseline", "update", "--results", results, "--out", baseline).returncode == 0
@@ -367,6 +386,21 @@ def test_a_slower_machine_moves_the_probe_and_a_slower_run_moves_the_adjusted_th
     alerts = json.loads((results / "alerts.json").read_text())
     assert [a["metric"] for a in alerts["alerts"]] == ["throughput_tok_s_machine"]
     assert -12 < alerts["alerts"][0]["change"] < -8
+    append(results)
+
+    # A machine far slower than any night the history holds (the probe 30% slower): the adjustment would
+    # extrapolate, so the timings are not judged, whatever the run's code did; the next night is judged again.
+    night(13, math.log(1.3), code=0.9)
+    proc = run_cli("check", "--baseline", baseline, "--results", results)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    alerts = json.loads((results / "alerts.json").read_text())
+    adjusted = {c["metric"]: c for c in alerts["checks"]}["throughput_tok_s_machine"]
+    assert alerts["status"] == "contended" and adjusted["status"] == "contended"
+    assert "machine-speed probe took +" in adjusted["reason"] and "would extrapolate" in adjusted["reason"]
+    assert (results / "alerts.md").read_text().startswith("# Regression check: NOT JUDGED: the machine was disturbed")
+    append(results)
+    night(14, 0.0, code=0.9)
+    assert run_cli("check", "--baseline", baseline, "--results", results).returncode == 1
 
 
 def test_machine_sensitivity_is_robust_to_a_freak_run_and_zero_without_a_link():
@@ -395,7 +429,7 @@ def test_a_run_that_waited_for_the_cpu_is_not_judged_and_a_quiet_slowdown_alerts
     assert alerts["status"] == "contended" and alerts["alerts"] == []
     timed = {c["metric"]: c for c in alerts["checks"] if c["metric"] != "reward_last10"}
     assert all(c["status"] == "contended" and "wall/CPU time 1.60x" in c["reason"] for c in timed.values())
-    assert (results / "alerts.md").read_text().startswith("# Regression check: NOT JUDGED: the run waited")
+    assert (results / "alerts.md").read_text().startswith("# Regression check: NOT JUDGED: the machine was disturbed")
     append(results)
 
     # Its own core, but other work beside it on the machine's other cores.

@@ -5,7 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.io import write_json, write_text
-from harness.regression.statistics import METRICS, MIN_HISTORY, NEIGHBOURS, PERSISTENCE, Z_CRIT, Z_SUPPORT
+from harness.regression.statistics import (
+    METRICS,
+    MIN_HISTORY,
+    NEIGHBOURS,
+    PERSISTENCE,
+    Z_CRIT,
+    Z_EARLIER,
+    Z_PERSIST,
+    Z_SUPPORT,
+)
 from harness.results import layout
 
 
@@ -30,8 +39,8 @@ def _changes_md(changes: dict) -> list[str]:
 def render_markdown(result: dict) -> str:
     head = {"regression": "REGRESSION: a throughput or transition-time regression was found",
             "ok": "OK: no regression",
-            "contended": "NOT JUDGED: the run waited for the CPU (another job held the cores); rerun it on a quiet "
-                         "machine; no alert raised",
+            "contended": "NOT JUDGED: the machine was disturbed (another job held the cores, or its speed was far "
+                         "outside the history's; see below); rerun it on a quiet machine; no alert raised",
             "insufficient history":
             "NOT JUDGED: too little history to know the noise (see below); no alert raised"}[result["status"]]
     lines = [f"# Regression check: {head}", "",
@@ -71,14 +80,16 @@ def render_markdown(result: dict) -> str:
               "Reference = the baseline's runs and the nights after them at its level (within "
               f"{Z_SUPPORT} noise levels; not the last {PERSISTENCE - 1}, which persistence judges with this run). "
               "Change = median over seeds of each seed's change against the same seed in the reference (paired; log "
-              "ratio for times and rates). Noise = 1.4826 x MAD of the same statistic over the history, each past run "
-              f"against the rolling median of its {2 * NEIGHBOURS} neighbours. A metric alerts when it is worse by at "
-              f"least its minimum effect, by at least {Z_CRIT} noise levels and by more than any past run deviated "
-              f"(in this run, or on average over this and up to {PERSISTENCE - 1} previous runs, each worse by at "
-              f"least {Z_SUPPORT} noise levels on its own and not clearly worse than this one); with fewer than "
-              f"{MIN_HISTORY} past runs it is not judged. A change under a metric's floor in its own unit is never "
-              "judged (" + "; ".join(f"{m.label}: {m.min_abs:g}" for m in METRICS if m.min_abs) + "). See "
-              "docs/regression.md.", ""]
+              "ratio for times and rates). Noise = one run's robust standard deviation (Qn) of the same statistic "
+              f"over the history, each past run against the rolling median of its {2 * NEIGHBOURS} neighbours (less "
+              "that median's own noise), with the reference's share added (the more reference runs, the smaller). A "
+              "metric alerts when it is worse by at least its minimum effect and by more than any past run deviated, "
+              f"and by at least {Z_CRIT} noise levels in this run alone, or by at least {Z_PERSIST} noise levels of "
+              f"their mean on average over this and up to {PERSISTENCE - 1} previous runs (this one worse by at least "
+              f"{Z_SUPPORT} noise levels on its own, each earlier one by {Z_EARLIER}, and none clearly worse than "
+              f"this one); with fewer than {MIN_HISTORY} past runs it is not judged. A change under a metric's floor "
+              "in its own unit is never judged (" + "; ".join(f"{m.label}: {m.min_abs:g}" for m in METRICS if m.min_abs)
+              + "). See docs/regression.md.", ""]
     return "\n".join(lines)
 
 

@@ -11,21 +11,26 @@ The method (docs/regression.md explains it for users):
   spike that hits one seed cannot raise an alert alone; at least half the seeds must show it (within-run
   replication).
 - Noise comes from the history of the same series (profile, hardware, framework): each past run's per-seed value
-  minus the rolling median of that seed's neighbouring runs, median over seeds, then 1.4826 x MAD of those
-  residuals. Rolling medians and MAD let an earlier regression or a freak run neither hide nor fake noise.
-- A metric alerts only when the change is worse by at least its minimum effect, by at least Z_CRIT noise levels
-  and by more than any past run deviated (heavy tails), in this run or on average over this and up to
-  PERSISTENCE - 1 previous runs (persistence: a lasting small drop is caught on a later night). Persistence counts
-  only an unbroken run of nights each worse by Z_SUPPORT noise levels on its own, this one first: a night back
-  within noise neither alerts through the nights before it nor lets a later night lean on them, so a fixed
-  regression stops alerting the night the fix lands, and the check says since when. With fewer than MIN_HISTORY
+  minus the rolling median of that seed's neighbouring runs, median over seeds, less the neighbours' median's own
+  noise, then Qn (a robust standard deviation) of those residuals: one run's noise. A night's change against the
+  reference has that noise and the reference's share of it, which shrinks as the reference grows. Rolling medians
+  and Qn let an earlier regression or a freak run neither hide nor fake noise.
+- A metric alerts only when the change is worse by at least its minimum effect and by more than any past run
+  deviated (heavy tails), and by at least Z_CRIT noise levels in this run alone, or Z_PERSIST noise levels of
+  their mean on average over this and up to PERSISTENCE - 1 previous runs (persistence: a lasting small drop is
+  caught on a later night). Persistence counts only an unbroken run of nights, this one worse by Z_SUPPORT noise
+  levels on its own, each earlier one by Z_EARLIER and none clearly worse than this one: a night back within noise
+  neither alerts through the nights before it nor lets a later night lean on them, so a fixed regression stops
+  alerting the night the fix lands, and the check says since when. With fewer than MIN_HISTORY
   past runs the noise is not known, and the check says so. A change smaller than the metric's min_abs in its own
   unit (a transition under 1 ms longer: OS jitter on a CPU run) is never judged, whatever its z.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
-  beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; either way
-  its timings say more about the other job than about the code, so they are not judged ("contended"), and such
-  runs are left out of the noise of the timed metrics.
+  beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; a run whose
+  machine-speed probe lies beyond the range of the series' other runs by more than PROBE_EXTRAPOLATION of its
+  width ran on a machine the adjustment below knows nothing about. Either way its timings say more about the
+  machine than about the code, so they are not judged ("contended"), and such runs are left out of the noise of
+  the timed metrics.
 - Machine speed: a CPU run times a fixed probe workload after every step (harness.frameworks.reference). The
   drift of a shared CPU's speed, most of the run-to-run noise, moves the probe and the throughput together; the
   history says by how much (machine_sensitivity), and throughput brought to the baseline's probe time (ADJUSTED)
@@ -57,11 +62,15 @@ from harness.regression.statistics import (
     PERSISTENCE,
     PROBE,
     Z_CRIT,
+    Z_EARLIER,
+    Z_PERSIST,
+    Z_SAME_LEVEL,
     Z_SUPPORT,
     Metric,
     adjust_for_machine,
     assess,
     machine_sensitivity,
+    machine_speed_outside,
     series_table,
     training_time_to,
 )
@@ -100,7 +109,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         return {run: float(np.median(v)) for run, v in by_run.items()}
 
     now = cur_rows[0]["pipeline_run"]
-    contention, foreign = per_run("cpu_contention"), per_run("cpu_foreign_load")
+    contention, foreign, probes = per_run("cpu_contention"), per_run("cpu_foreign_load"), per_run(PROBE)
     def usual_of(values: dict[str, float]) -> float | None:
         past = [v for run, v in values.items() if run != now]
         return float(np.median(past)) if past else None
@@ -115,10 +124,13 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         if usual_foreign is not None and run in foreign and foreign[run] > usual_foreign + FOREIGN_LOAD_MARGIN:
             return (f"other processes kept {foreign[run]:.2f} cores busy beside the run, the series' usual "
                     f"{usual_foreign:.2f}: they shared its caches and memory bandwidth")
+        if run in probes:  # against the series' other runs, this one excepted
+            return machine_speed_outside([p for r, p in probes.items() if r not in (run, now)], probes[run])
         return None
 
-    quiet = [r for r in series if not contended(r["pipeline_run"])]
-    now_contended = contended(now)
+    disturbed = {run: contended(run) for run in {r["pipeline_run"] for r in series} | {now}}
+    quiet = [r for r in series if not disturbed[r["pipeline_run"]]]
+    now_contended = disturbed[now]
     # The machine-speed adjustment (CUPED-style: the probe is a covariate the run's own code cannot move), fitted
     # on the quiet history; the baseline's median probe time is the speed everything is brought to.
     by_name = {m.name: m for m in METRICS}
@@ -141,8 +153,9 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     checks = []
     for m in METRICS:
         rows = quiet if m.timed else series
+        judged_runs = {r["pipeline_run"] for r in rows}
         # The latest runs of the series before this one, most recent first (quiet ones only for timed metrics).
-        recent = list(dict.fromkeys(r["pipeline_run"] for r in reversed(history) if r in rows))[:PERSISTENCE - 1]
+        recent = [run for run in reversed(runs_of) if run in judged_runs][:PERSISTENCE - 1]
         baseline: dict[int, list[float]] = {}
         for r in base["runs"]:
             if (v := _judgeable(m, extract[m.name], r)) is not None:
@@ -150,8 +163,8 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         current = _per_seed(m, extract[m.name], cur_rows)
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
-        since = dict.fromkeys(r["pipeline_run"] for r in history if r in rows and base_end
-                              and r["pipeline_time"] > base_end)
+        since = [run for run, rs in runs_of.items() if run in judged_runs and base_end
+                 and rs[0]["pipeline_time"] > base_end]
         result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
                         [_per_seed(m, extract[m.name], runs_of[run]) for run in recent], [now, *recent],
                         [_per_seed(m, extract[m.name], runs_of[run]) for run in since])
@@ -205,8 +218,10 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "method": {"z_crit": Z_CRIT, "min_history": MIN_HISTORY, "persistence": PERSISTENCE, "z_support": Z_SUPPORT,
-                       "noise": "1.4826 x MAD of run residuals "
-                       f"around a rolling median of {2 * NEIGHBOURS} neighbouring runs, median over seeds"},
+            "method": {"z_crit": Z_CRIT, "z_persist": Z_PERSIST, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,
+                       "z_support": Z_SUPPORT, "z_earlier": Z_EARLIER, "z_same_level": Z_SAME_LEVEL,
+                       "noise": "Qn of run residuals around a rolling median of "
+                       f"{2 * NEIGHBOURS} neighbouring runs (less its own noise), median over seeds, times "
+                       "sqrt(1 + (pi/2) / reference runs)"},
             "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
 
