@@ -309,7 +309,8 @@ def power(args) -> int:
         sigma, _ = noise_level(pd.DataFrame(np.log(ratios[name])))
         print(f"measured run-level {name} noise (Qn of run residuals, median over seeds): {100 * sigma:.1f}%; per-seed "
               f"spread of single runs: {100 * np.std(np.log(ratios[name])):.1f}% (sd of log ratio)")
-    print(f"method: z >= {Z_CRIT} alone, >= {Z_PERSIST} for a mean of up to {PERSISTENCE} runs (persistence), "
+    print(f"method: z >= {Z_CRIT} alone, >= {Z_PERSIST} for a mean of up to {PERSISTENCE} runs (persistence), the "
+          "noise widened for the runs that estimate it (Student t), "
           f"minimum history {MIN_HISTORY} runs, "
           f"baseline = {BASELINE_RUNS} runs, the last of the history (just written) or its first (written that many "
           f"nights before); {args.trials} synthetic series per row; drop {100 * args.drop:.0f}%")

@@ -14,6 +14,7 @@ from harness.regression.statistics import (
     Z_EARLIER,
     Z_PERSIST,
     Z_SUPPORT,
+    noise_widening,
 )
 from harness.results import layout
 
@@ -82,7 +83,9 @@ def render_markdown(result: dict) -> str:
               "Change = median over seeds of each seed's change against the same seed in the reference (paired; log "
               "ratio for times and rates). Noise = one run's robust standard deviation (Qn) of the same statistic "
               f"over the history, each past run against the rolling median of its {2 * NEIGHBOURS} neighbours (less "
-              "that median's own noise), with the reference's share added (the more reference runs, the smaller). A "
+              "that median's own noise), widened for how few runs estimate it (a z over an estimated noise is a "
+              f"Student t: x{noise_widening(12):.2f} at 12 runs, x{noise_widening(20):.2f} at 20), with the "
+              "reference's share added (the more reference runs, the smaller). A "
               "metric alerts when it is worse by at least its minimum effect and by more than any past run deviated, "
               f"and by at least {Z_CRIT} noise levels in this run alone, or by at least {Z_PERSIST} noise levels of "
               f"their mean on average over this and up to {PERSISTENCE - 1} previous runs (this one worse by at least "

@@ -12,7 +12,8 @@ The method (docs/regression.md explains it for users):
   replication).
 - Noise comes from the history of the same series (profile, hardware, framework): each past run's per-seed value
   minus the rolling median of that seed's neighbouring runs, median over seeds, less the neighbours' median's own
-  noise, then Qn (a robust standard deviation) of those residuals: one run's noise. A night's change against the
+  noise, then Qn (a robust standard deviation) of those residuals: one run's noise, widened for how few runs
+  estimate it (a z over an estimated noise is a Student t; noise_widening). A night's change against the
   reference has that noise and the reference's share of it, which shrinks as the reference grows. Rolling medians
   and Qn let an earlier regression or a freak run neither hide nor fake noise.
 - A metric alerts only when the change is worse by at least its minimum effect and by more than any past run
@@ -221,7 +222,8 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
             "method": {"z_crit": Z_CRIT, "z_persist": Z_PERSIST, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,
                        "z_support": Z_SUPPORT, "z_earlier": Z_EARLIER, "z_same_level": Z_SAME_LEVEL,
                        "noise": "Qn of run residuals around a rolling median of "
-                       f"{2 * NEIGHBOURS} neighbouring runs (less its own noise), median over seeds, times "
+                       f"{2 * NEIGHBOURS} neighbouring runs (less its own noise), median over seeds, widened by the "
+                       "Student t's quantile over the normal's at z_persist for the runs that estimate it, times "
                        "sqrt(1 + (pi/2) / reference runs)"},
             "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
 

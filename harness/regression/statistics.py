@@ -16,7 +16,7 @@ import pandas as pd
 from harness.results.summarize import time_to_reward
 
 Z_CRIT = 4.0  # noise levels one night must be worse by, alone
-Z_PERSIST = 2.75  # noise levels the mean of 2 to PERSISTENCE nights must be worse by (its own noise: spread(m))
+Z_PERSIST = 2.5  # noise levels the mean of 2 to PERSISTENCE nights must be worse by (its own noise: spread(m))
 MIN_HISTORY = 8
 MIN_BASELINE_RUNS = 3
 NEIGHBOURS = 2  # on each side, for the rolling median a run's residual is taken against
@@ -30,6 +30,7 @@ REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
 PROBE_EXTRAPOLATION = 0.5  # of the history's range of probe times, beyond it either way, before a run is not judged
 FOREIGN_LOAD_MARGIN = 0.25  # cores of other work beyond the series' usual before a CPU run's timings are doubtful
+NOISE_DOF_PER_RUN, NOISE_DOF_OFFSET = 0.48, 1.75  # degrees of freedom of Qn over n run residuals: a (n - b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,18 +184,43 @@ def run_residuals(table: pd.DataFrame) -> np.ndarray:
 
 def noise_level(table: pd.DataFrame) -> tuple[float, int]:
     """Robust run-to-run noise of one run (Qn of the run residuals) and how many runs it rests on."""
-    return null_of(table)[:2]
+    r = run_residuals(table) if len(table) else np.array([])
+    return (qn_scale(r), len(r)) if len(r) else (float("nan"), 0)
+
+
+def student_quantile(z: float, dof: float) -> float:
+    """The Student-t quantile at the normal's upper tail beyond z, for dof degrees of freedom: the Cornish-Fisher
+    expansion (Abramowitz and Stegun 26.7.5), within 2% of the exact quantile from 4 degrees of freedom at z 2.75."""
+    g = ((z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160)
+    return z + sum(gk / dof ** (k + 1) for k, gk in enumerate(g))
+
+
+def noise_dof(n_residuals: int) -> float:
+    """The degrees of freedom the Qn of n run residuals is worth, 1 / (2 c^2) with c the spread of the estimate
+    over the noise it estimates (simulated at the normal, the residuals of runs x 3 seeds: see tests)."""
+    return max(NOISE_DOF_PER_RUN * (n_residuals - NOISE_DOF_OFFSET), 1.0)
+
+
+def noise_widening(n_residuals: int) -> float:
+    """How much wider than its estimate the noise is taken for resting on n runs. A change over an estimated noise
+    is a Student t, not a normal z: its tail at the mean's threshold is the normal's at Z_PERSIST / this factor.
+    The thresholds are then those of a known noise, whatever the history's length: a short history pays for its
+    uncertain noise with later detection, not with false alarms (1.54 at 12 runs, 1.25 at 20, 1.11 at 40)."""
+    return student_quantile(Z_PERSIST, noise_dof(n_residuals)) / Z_PERSIST
 
 
 def null_of(history: pd.DataFrame) -> tuple[float, int, float]:
     """(noise, how many run residuals it rests on, the widest past deviation) of a history with no known change.
+    The noise is one run's, widened for how few runs its estimate rests on (noise_widening).
 
     The widest deviation matters on a shared machine: noise has heavy tails that a few runs' robust spread
     underestimates, so a change must also beat what the series has already shown."""
     r = run_residuals(history) if len(history) else np.array([])
     if not len(r):
         return float("nan"), 0, float("nan")
-    return qn_scale(r), len(r), float(np.max(np.abs(r - np.median(r))))
+    return qn_scale(r) * noise_widening(len(r)), len(r), float(np.max(np.abs(r - np.median(r))))
 
 
 def reference_share(n_runs: int) -> float:
@@ -246,7 +272,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     """
     tr = metric.transform
     n_history = len(history)
-    run_sigma, n_resid, largest = null_of(history)  # one run's own noise and widest deviation
+    run_sigma, n_resid, largest = null_of(history)  # one run's own noise (widened) and widest deviation
     n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
     # The reference is the baseline's runs and the nights since at its level: a median of more runs, whose error
     # every night shares, is smaller (the noise below), and it restarts when `baseline update` accepts a new level.
@@ -274,9 +300,11 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
                                  f"deviated, and by >= {Z_CRIT} x noise in this run, or >= {Z_PERSIST} x the mean's "
                                  f"noise on average over this and up to {PERSISTENCE - 1} previous runs (this one "
                                  f"worse by >= {Z_SUPPORT} x noise on its own, each earlier one by >= {Z_EARLIER} x "
-                                 "and not clearly worse than this one)"),
+                                 "and not clearly worse than this one); the noise widened for the few runs that "
+                                 "estimate it (Student t)"),
                         "noise": None if math.isnan(sigma) else metric.change(sigma),
                         "run_noise": None if math.isnan(run_sigma) else metric.change(run_sigma),
+                        "noise_widening": noise_widening(n_resid),
                         "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest * spread(1)),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs,
