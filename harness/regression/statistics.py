@@ -25,7 +25,7 @@ PERSISTENCE = 5  # runs (this one and the previous ones, a working week) whose m
 # within this many of it, either way, is at its level and joins its reference.
 Z_SUPPORT = 1.5
 Z_EARLIER = 0.5  # ... and each earlier night persistence averages with it
-Z_SAME_LEVEL = 2.0  # noise levels of the difference of two runs by which an earlier night is clearly worse than this
+Z_SAME_LEVEL = 1.0  # noise levels of the difference of two runs by which an earlier night is clearly worse than this
 REWARD_TARGET_FRACTION = 0.8
 CONTENTION_MARGIN = 1.05
 PROBE_EXTRAPOLATION = 0.5  # of the history's range of probe times, beyond it either way, before a run is not judged
