@@ -234,7 +234,7 @@ def test_on_a_noisy_host_the_first_night_after_a_fix_is_not_averaged_with_the_sl
     """The after-a-fix false alarm of the noisy hosts (docs/regression.md): a fixed night slower by noise (z about
     1.6 on its own, enough to start a streak) right after nights 12% slower. The slow nights are clearly worse
     than it by a difference of two runs (Z_SAME_LEVEL), so they are not one level and the fixed night is judged
-    alone; with Z_SAME_LEVEL 2 the three averaged to "persisted over the last 2 runs"."""
+    alone; with Z_SAME_LEVEL 2 it was averaged with the slow night before it, "persisted over the last 2 runs"."""
     values = quiet_nights(20, sd=0.03)
     sigma, n = noise_level(_history(values))
     level = values[-5:].mean(axis=0)
