@@ -33,8 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from regression_power import DETECT_BY  # the night by which a lasting drop of about 5% must be caught
-
+from harness.regression.statistics import DETECT_BY  # the night by which a lasting drop of about 5% must be caught
 from harness.results import layout
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from harness import HarnessError
 from harness.config import load_config, validate_config
 from harness.io import write_json
 from harness.regression.history import append, pipeline_rows, read_history
-from harness.results.layout import HISTORY as HISTORY_DIR
+from harness.results.layout import HISTORY
 from harness.results.metrics import to_frame, write_metrics
 from harness.results.summarize import summarize
 from harness.runtime.manifest import build_manifest
@@ -66,7 +66,7 @@ def make_results(results: Path, *, throughput: float | dict = 1000.0, transition
 def test_append_writes_one_row_per_run_once_and_never_touches_earlier_files(tmp_path):
     results = make_results(tmp_path / "results")
     path, rows, new = append(results)
-    assert new and path.parent == results / HISTORY_DIR and len(rows) == 3
+    assert new and path.parent == results / HISTORY and len(rows) == 3
     first_bytes = path.read_bytes()
     again_path, _, again = append(results)  # a rule rerun or a manual call: same pipeline run
     assert not again and again_path == path and list(path.parent.iterdir()) == [path]
@@ -74,7 +74,7 @@ def test_append_writes_one_row_per_run_once_and_never_touches_earlier_files(tmp_
     make_results(results, throughput=900.0, created="2026-01-02T00:00:00+00:00")  # the next night
     second, _, new = append(results)
     assert new and second != path and path.read_bytes() == first_bytes
-    history = read_history(results / HISTORY_DIR)
+    history = read_history(results / HISTORY)
     days = [r["pipeline_time"][:10] for r in history]
     assert days == ["2026-01-01"] * 3 + ["2026-01-02"] * 3
     row = history[0]
@@ -101,7 +101,7 @@ def test_concurrent_writers_leave_every_row_intact(tmp_path):
 
 def test_an_interrupted_writer_leaves_nothing_that_reads_as_history(tmp_path):
     results = make_results(tmp_path / "results")
-    history = results / HISTORY_DIR
+    history = results / HISTORY
     append(results)
     # What a writer killed before its rename leaves: a hidden temporary directory with a partial file.
     torn = history / ".20260102T000000Z-abc.jsonl.x1y2" / "20260102T000000Z-abc.jsonl"
@@ -116,15 +116,15 @@ def test_a_corrupt_row_is_named_by_file_and_line(tmp_path):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text(lines[0] + '{"schema": 1, "pipeline_run": \n' + lines[2])
     with pytest.raises(HarnessError, match=rf"{path}:2: corrupt row, not valid JSON"):
-        read_history(results / HISTORY_DIR)
+        read_history(results / HISTORY)
     path.write_text(lines[0] + lines[1] + lines[2].rstrip("\n"))
     with pytest.raises(HarnessError, match=rf"{path}:3: incomplete row"):
-        read_history(results / HISTORY_DIR)
+        read_history(results / HISTORY)
     row = json.loads(lines[0])
     del row["config_hash"]
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(HarnessError, match=rf"{path}:1: row lacks 'config_hash'"):
-        read_history(results / HISTORY_DIR)
+        read_history(results / HISTORY)
 
 
 def test_pipeline_run_id_follows_the_content(tmp_path):
@@ -147,7 +147,7 @@ def test_cli_append_and_bad_inputs(tmp_path):
     assert proc.returncode == 2
     assert (f"{results}/runs/reference/seed2/manifest.json: manifest not found (the run directory has no manifest)"
             in proc.stderr)
-    assert not (results / HISTORY_DIR).exists()
+    assert not (results / HISTORY).exists()
 
     results = make_results(tmp_path / "ok" / "results")
     receipt = tmp_path / "receipt.json"

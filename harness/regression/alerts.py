@@ -75,6 +75,12 @@ def render_markdown(result: dict) -> str:
                       f"the probe slows; Theil-Sen fit over {ms['points']} quiet history points, correlation "
                       f"{_fmt(ms['correlation'])})." for c in result["checks"]
                       if (ms := c.get("evidence", {}).get("machine_sensitivity")) and ms["correlation"] is not None]
+            lines += [f"Detectable ({c['framework']}, {c['label']}): a lasting change of "
+                      f"{_fmt(ev['detectable_change'], c['unit'])} or worse is caught by night {ev['detect_by']} "
+                      f"95% of the time on this series' noise ({ev['n_history_runs']} history runs, "
+                      f"{ev['n_reference_runs']} reference runs); a smaller one may go unseen longer."
+                      for c in result["checks"] if c["class"] == "alert" and (ev := c.get("evidence"))
+                      and ev.get("detectable_change") is not None]
             lines += [""] if lines[-1] else []
     lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
     lines += ["## Method", "",

@@ -25,6 +25,9 @@ The method (docs/regression.md explains it for users):
   alerting the night the fix lands, and the check says since when. With fewer than MIN_HISTORY
   past runs the noise is not known, and the check says so. A change smaller than the metric's min_abs in its own
   unit (a transition under 1 ms longer: OS jitter on a CPU run) is never judged, whatever its z.
+- Sensitivity: every judged metric states the smallest lasting change it catches by night DETECT_BY 95% of the
+  time at the series' noise (detectable_change): on a noisy machine that is more than a 5% drop, and the user reads
+  it on every night, not only after a miss.
 - Contention: a CPU run records wall over CPU time and the cores other processes kept busy meanwhile. A run whose
   ratio is more than CONTENTION_MARGIN above the series' usual one waited for a core another job held, and one
   beside FOREIGN_LOAD_MARGIN cores more of other work than usual shared caches and memory bandwidth; a run whose
@@ -56,6 +59,8 @@ from harness.regression.history import pipeline_rows, read_history, series_key
 from harness.regression.statistics import (
     ADJUSTED,
     CONTENTION_MARGIN,
+    DETECT_BY,
+    DETECT_MARGIN,
     FOREIGN_LOAD_MARGIN,
     METRICS,
     MIN_HISTORY,
@@ -224,6 +229,10 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
                        "noise": "Qn of run residuals around a rolling median of "
                        f"{2 * NEIGHBOURS} neighbouring runs (less its own noise), median over seeds, widened by the "
                        "Student t's quantile over the normal's at z_persist for the runs that estimate it, times "
-                       "sqrt(1 + (pi/2) / reference runs)"},
+                       "sqrt(1 + (pi/2) / reference runs)",
+                       "detect_by": DETECT_BY, "detect_margin": DETECT_MARGIN,
+                       "detectable": "evidence.detectable_change: the smallest lasting change caught by night "
+                       "detect_by 95% of the time at this series' noise: the mean of detect_by nights' threshold "
+                       "plus detect_margin noise levels of that mean (calibrated on measured hosts)"},
             "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
 

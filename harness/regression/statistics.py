@@ -31,6 +31,11 @@ CONTENTION_MARGIN = 1.05
 PROBE_EXTRAPOLATION = 0.5  # of the history's range of probe times, beyond it either way, before a run is not judged
 FOREIGN_LOAD_MARGIN = 0.25  # cores of other work beyond the series' usual before a CPU run's timings are doubtful
 NOISE_DOF_PER_RUN, NOISE_DOF_OFFSET = 0.48, 1.75  # degrees of freedom of Qn over n run residuals: a (n - b)
+DETECT_BY = 3  # the night by which the change a series states it can detect is caught
+# How far beyond the persistence threshold, in noise levels of the mean of DETECT_BY nights, a lasting change must lie
+# to be caught by then 95% of the time. The mean alone would need the normal's 1.645; a drop must also pass the
+# streak's conditions and meet the real noise's tails. Calibrated on the 2026-11-30 to 12-02 hosts (docs/regression.md).
+DETECT_MARGIN = 2.6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +294,15 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         return math.sqrt(1 / m + share)
 
     sigma = run_sigma * spread(1)  # the noise of one night's change against the reference
+    sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
     seeds = sorted(s for s in current if s in base_ref)
     unit = "%" if metric.log_scale else ""
+    # The smallest lasting change the series catches in time: its mean over DETECT_BY nights lies DETECT_MARGIN of
+    # that mean's noise beyond the persistence threshold. The widened noise stands in for the true one, as in every
+    # threshold here.
+    detectable = (None if n_resid < MIN_HISTORY or math.isnan(run_sigma) else metric.change(sign * (
+        max(metric.min_effect, Z_PERSIST * run_sigma * spread(DETECT_BY), largest * spread(DETECT_BY))
+        + DETECT_MARGIN * run_sigma * spread(DETECT_BY))))
     out: dict[str, Any] = {"metric": metric.name, "label": metric.label, "class": metric.kind,
            "baseline": float(np.median([v for vs in ref_values.values() for v in vs])) if ref_values else None,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
@@ -305,6 +317,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
                         "noise": None if math.isnan(sigma) else metric.change(sigma),
                         "run_noise": None if math.isnan(run_sigma) else metric.change(run_sigma),
                         "noise_widening": noise_widening(n_resid),
+                        "detectable_change": detectable, "detect_by": DETECT_BY,
                         "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest * spread(1)),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs,
@@ -321,7 +334,6 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
         out.update(status="regression" if len(missing) * 2 >= len(seeds) else "ok",
                    reason=f"seeds {missing} never reached the reward target")
         return out
-    sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
 
     def worse_of(values: dict[int, float | None]) -> tuple[float | None, dict[int, float]]:
         per_seed = {s: sign * (tr(v) - base_ref[s]) for s in seeds if (v := values.get(s)) is not None}
