@@ -27,7 +27,10 @@ adjusted by it (its sensitivity fitted on each synthetic history, as the check f
 throughput; a slower step slows the throughput by the drop, and the probe, timed outside the step, stays as it was.
 A night whose probe lies far outside the history's range is not judged, as the check does not judge it (the
 machine-speed guard, harness.regression.statistics.machine_speed_outside); the share of clean nights it leaves
-unjudged is printed beside the rates.
+unjudged is printed beside the rates. Each series is also slowed by exactly the lasting drop the check says, on its
+first slow night, that it catches by night DETECT_BY 95% of the time (`detectable_change`): how often that drop is
+caught in time is the statement's calibration. The header prints the bound no method passes on the data's host: how
+often a check that knew the noise and the reference exactly would catch the drop by night DETECT_BY.
 """
 
 from __future__ import annotations
@@ -278,6 +281,7 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
 def power(args) -> int:
     from harness.regression.statistics import (
         CONTENTION_MARGIN,
+        DETECT_MARGIN,
         FOREIGN_LOAD_MARGIN,
         METRICS,
         MIN_HISTORY,
@@ -342,6 +346,7 @@ def power(args) -> int:
               f"spread of single runs: {100 * np.std(np.log(ratios[name])):.1f}% (sd of log ratio)")
     print(f"method: z >= {Z_CRIT} alone, >= {Z_PERSIST} for a mean of up to {PERSISTENCE} runs (persistence), the "
           "noise widened for the runs that estimate it (Student t), "
+          f"the detectable change {DETECT_MARGIN} noise levels of a {DETECT_BY}-night mean beyond its threshold, "
           f"minimum history {MIN_HISTORY} runs, "
           f"baseline = {BASELINE_RUNS} runs, the last of the history (just written) or its first (written that many "
           f"nights before); {args.trials} synthetic series per row; drop {100 * args.drop:.0f}%")
