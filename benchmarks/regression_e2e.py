@@ -84,8 +84,11 @@ def summary_line(results: Path) -> str:
             noise = "n/a" if ev["noise"] is None else f"{ev['noise']:.1f}%"
             z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
             reason = f" ({c['reason']})" if c.get("reason") else ""
+            detectable = ("" if c["class"] != "alert" or ev.get("detectable_change") is None
+                          else f", detectable {ev['detectable_change']:+.1f}%")
             lines.append(f"  {c['framework']} {c['metric']} ({c['class']}): {c['status']}{reason}, change {change}, "
-                         f"noise {noise}, z {z}, {ev['n_history_runs']} history runs, {len(ev['seeds'])} seeds")
+                         f"noise {noise}, z {z}{detectable}, {ev['n_history_runs']} history runs, "
+                         f"{len(ev['seeds'])} seeds")
     return "\n".join(lines)
 
 
