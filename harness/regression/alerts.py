@@ -6,6 +6,8 @@ from pathlib import Path
 
 from harness.io import write_json, write_text
 from harness.regression.statistics import (
+    DETECT_BY,
+    DETECT_MARGIN,
     METRICS,
     MIN_HISTORY,
     NEIGHBOURS,
@@ -96,7 +98,10 @@ def render_markdown(result: dict) -> str:
               f"and by at least {Z_CRIT} noise levels in this run alone, or by at least {Z_PERSIST} noise levels of "
               f"their mean on average over this and up to {PERSISTENCE - 1} previous runs (this one worse by at least "
               f"{Z_SUPPORT} noise levels on its own, each earlier one by {Z_EARLIER}, and none clearly worse than "
-              f"this one); with fewer than {MIN_HISTORY} past runs it is not judged. A change under a metric's floor "
+              f"this one); with fewer than {MIN_HISTORY} past runs it is not judged. Detectable = the mean of "
+              f"{DETECT_BY} nights' threshold plus {DETECT_MARGIN} noise levels of that mean: a lasting change that "
+              f"large is caught by night {DETECT_BY} 95% of the time (the margin calibrated on measured hosts). "
+              "A change under a metric's floor "
               "in its own unit is never judged (" + "; ".join(f"{m.label}: {m.min_abs:g}" for m in METRICS if m.min_abs)
               + "). See docs/regression.md.", ""]
     return "\n".join(lines)
