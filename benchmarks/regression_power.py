@@ -147,8 +147,12 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     counts = {"not_judged": 0, "false_alarm": 0, "false_alarm_after_fix": 0, "false_alarm_throughput": 0,
               "false_alarm_after_fix_throughput": 0, **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
 
-    def alerts(raw: dict[str, np.ndarray], night: int) -> set[str]:
-        return set() if outside(raw, night) else {m.name for m in metrics if judged(m, raw, night)}
+    def verdicts(raw: dict[str, np.ndarray], night: int) -> dict[str, dict]:
+        """Each alerting metric's verdict on a night; none where the machine-speed guard leaves it unjudged."""
+        return {} if outside(raw, night) else {m.name: verdict(m, raw, night) for m in metrics}
+
+    def alerts(judged_night: dict[str, dict]) -> set[str]:
+        return {name for name, v in judged_night.items() if v["status"] == "regression"}
 
     def outside(raw: dict[str, np.ndarray], night: int) -> bool:
         """The check's machine-speed guard: a night whose probe lies far beyond the history's is not judged."""
@@ -211,12 +215,12 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     for _ in range(trials):
         raw = draw(history + nights)
         slowed = slower(raw, slice(history, None), drop)
-        alarm = alerts(raw, history)
+        clean = verdicts(raw, history)
+        alarm = alerts(clean)
         detected = caught(slowed)
         # What the check says of this series on the first slow night, before it has seen the drop: the smallest
         # lasting drop it catches by night DETECT_BY 95% of the time. Slowed by exactly that, is it?
-        own = verdict(deciding, raw, history)["evidence"]["detectable_change"]
-        if own is not None and not outside(raw, history):
+        if clean and (own := clean[deciding.name]["evidence"]["detectable_change"]) is not None:
             stated.append(-own / 100)
             caught_stated.append(caught(slower(raw, slice(history, None), -own / 100)) <= DETECT_BY)
         counts["not_judged"] += outside(raw, history)
@@ -230,7 +234,7 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
             otava += [("clean", nightly(raw)[:history + 1], history), ("slowed", nightly(slowed), history),
                       ("fixed", nightly(fixed), history + fixed_after)]
         for k in range(after_fix):
-            alarm = alerts(fixed, history + fixed_after + k)
+            alarm = alerts(verdicts(fixed, history + fixed_after + k))
             counts["false_alarm_after_fix"] += bool(alarm)
             counts["false_alarm_after_fix_throughput"] += bool(alarm & speed)
     return {**per_night(counts, trials, after_fix), "detectable_median": float(np.median(stated)) if stated else None,
@@ -319,19 +323,18 @@ def power(args) -> int:
     n_pipelines, n_seeds = ratios["throughput_tok_s"].shape
     print(f"data: {args.data} ({n_pipelines} pipeline runs x {n_seeds} seeds, load1 {df['load1'].min():.1f}-"
           f"{df['load1'].max():.1f}); noise scale {args.noise_scale}; measured: {', '.join(ratios)}")
+    by_speed = ratios["throughput_tok_s"]  # the throughput that alerts: at the machine's speed where it is known
     if PROBE in ratios:
         theta, corr, points = machine_sensitivity(*(pd.DataFrame(np.log(ratios[n]))
                                                     for n in ("throughput_tok_s", PROBE)))
         print(f"throughput's sensitivity to the machine-speed probe over all runs: theta {theta:.2f} (correlation "
               f"{corr:+.2f}, {points} points); each synthetic history fits its own, as the check does")
-        adjusted = adjust_for_machine(ratios["throughput_tok_s"], ratios[PROBE], theta, 1.0)
+        by_speed = adjust_for_machine(ratios["throughput_tok_s"], ratios[PROBE], theta, 1.0)
         print(f"measured run-level noise of the throughput adjusted with it: "
-              f"{100 * noise_level(pd.DataFrame(np.log(adjusted)))[0]:.1f}%")
+              f"{100 * noise_level(pd.DataFrame(np.log(by_speed)))[0]:.1f}%")
     # The bound no method passes on this host: a check that knew the noise of a night (the spread of the run
     # medians, whatever their order) and the reference exactly, judging the mean of the first DETECT_BY slow nights
     # at 1% false alarms.
-    by_speed = adjust_for_machine(ratios["throughput_tok_s"], ratios[PROBE], theta, 1.0) if PROBE in ratios else \
-        ratios["throughput_tok_s"]
     logs = np.log(by_speed)
     night_sd = float(np.std(np.median(logs - np.median(logs, axis=0), axis=1), ddof=1))
     z_mean = -math.log1p(-args.drop) * math.sqrt(DETECT_BY) / night_sd
