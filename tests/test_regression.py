@@ -18,6 +18,7 @@ from harness.regression.statistics import (
     METRICS,
     MIN_HISTORY,
     PERSISTENCE,
+    REFERENCE_BEFORE,
     Z_SUPPORT,
     assess,
     machine_sensitivity,
@@ -101,6 +102,34 @@ def test_check_takes_the_nights_after_the_baselines_runs_into_its_reference(tmp_
     # Seven nights after the baseline's last run; the last PERSISTENCE - 1 of them are persistence's.
     assert tput["evidence"]["n_baseline_runs"] == 5
     assert 5 < tput["evidence"]["n_reference_runs"] <= 5 + 7 - (PERSISTENCE - 1)
+
+
+def test_check_takes_the_runs_before_the_baseline_into_its_reference_unless_it_accepted_a_new_level(tmp_path):
+    """`check` passes the history's runs before the baseline's first: at the baseline's level they join its
+    reference (a routine `baseline update`); at the level a `baseline update` accepted a change from, they do not."""
+    def reference_of(faster_before: float) -> dict:
+        results = nights(tmp_path / f"results{faster_before}", 7, throughput=1000 * faster_before)
+        nights(results, 7, start=8, seed=1)
+        ids = [p.name.split("-")[1].removesuffix(".jsonl") for p in sorted((results / HISTORY).glob("*.jsonl"))]
+        baseline = tmp_path / "cpu.json"
+        assert run_cli("baseline", "update", "--results", results, "--out", baseline, "--runs",
+                       *ids[7:12]).returncode == 0
+        make_results(results, noise=0.01, rng=np.random.default_rng(13), created="2026-01-15T00:00:00+00:00")
+        proc = run_cli("check", "--baseline", baseline, "--results", results)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [tput] = [c for c in json.loads((results / "alerts.json").read_text())["checks"]
+                  if c["metric"] == "throughput_tok_s"]
+        return {**tput["evidence"], "md": (results / "alerts.md").read_text()}
+
+    # Seven runs before the baseline's first (a run's noise may leave one off its level); none after its last that
+    # persistence is not judging.
+    routine = reference_of(1.0)
+    n_before = routine["n_reference_before"]
+    assert routine["n_baseline_runs"] == 5 and 5 <= n_before <= 7
+    assert routine["n_reference_runs"] == 5 + n_before and f"| 5 + {n_before} before |" in routine["md"]
+    # The baseline accepted a 3% slowdown: the runs before it, a few noise levels faster, stay out.
+    accepted = reference_of(1.03)
+    assert accepted["n_reference_before"] == 0 and accepted["n_reference_runs"] == 5
 
 
 def test_a_run_that_stops_learning_gets_an_advisory_not_a_failure(tmp_path):
@@ -207,16 +236,19 @@ def test_a_metric_this_run_did_not_record_is_no_comparison_not_a_crash():
 def nightly_verdicts(values, history=12, baseline_runs=5, baseline_from=None):
     """Each night after the first `history` judged as `check` judges it: against the nights before it (the noise),
     the baseline (`baseline_runs` nights from `baseline_from`, by default the last of the first `history`) and the
-    nights since it (the reference grows with those at its level), and the most recent nights (persistence)."""
+    runs since and before it (the reference grows with those at its level), and the most recent nights
+    (persistence), which are left out of the reference as `check` leaves them out."""
     b0 = history - baseline_runs if baseline_from is None else baseline_from
     out = []
     for night in range(history, len(values)):
         past = values[:night]
+        under_test = night - (PERSISTENCE - 1)
         result = assess(THROUGHPUT, dict(enumerate(values[night])),
                         {s: list(values[b0:b0 + baseline_runs, s]) for s in range(values.shape[1])},
                         _history(past), [dict(enumerate(r)) for r in past[::-1][:PERSISTENCE - 1]],
                         [f"r{i}" for i in range(night, night - PERSISTENCE, -1)],
-                        [dict(enumerate(r)) for r in values[b0 + baseline_runs:night]])
+                        [dict(enumerate(r)) for r in values[b0 + baseline_runs:under_test]],
+                        [dict(enumerate(r)) for r in values[:min(b0, under_test)]])
         out.append(result)
     return out
 
@@ -242,7 +274,7 @@ def test_on_a_noisy_host_the_first_night_after_a_fix_is_not_averaged_with_the_sl
     alone; with Z_SAME_LEVEL 2 it was averaged with the slow night before it, "persisted over the last 2 runs"."""
     values = quiet_nights(20, sd=0.03)
     sigma, n = noise_level(_history(values))
-    level = values[-5:].mean(axis=0)
+    level = np.median(values[-5 - REFERENCE_BEFORE:], axis=0)  # the reference: the baseline and the runs before it
     fixed = level * np.exp(-2.6 * sigma * noise_widening(n))
     verdicts = nightly_verdicts(np.vstack([values, level * 0.88, level * 0.88, fixed]), history=20)
     assert [v["status"] for v in verdicts] == ["regression", "regression", "ok"]
@@ -256,12 +288,13 @@ def test_a_regression_that_lasts_alerts_every_night_and_a_small_one_by_persisten
     # Longer than persistence's window: the regressed nights that leave it never join the reference.
     lasting = nightly_verdicts(np.vstack([values, values[:12] * 0.75]), history=20)
     assert [v["status"] for v in lasting] == ["regression"] * 12
-    assert {v["evidence"]["n_reference_runs"] for v in lasting} == {5}
+    assert {v["evidence"]["n_reference_runs"] - v["evidence"]["n_reference_before"] for v in lasting} == {5}
     # Worse by 2.5 noise levels a night, more than the minimum effect: far below the threshold alone, beyond the
     # mean's from the second night.
     assert 2.5 * sigma > THROUGHPUT.min_effect
     small = np.exp(-2.5 * sigma)
-    creeping = nightly_verdicts(np.vstack([values, np.tile(values[-5:].mean(axis=0), (4, 1)) * small]), history=20)
+    level = np.median(values[-5 - REFERENCE_BEFORE:], axis=0)  # the reference: the baseline and the runs before it
+    creeping = nightly_verdicts(np.vstack([values, np.tile(level, (4, 1)) * small]), history=20)
     assert creeping[0]["status"] == "ok" and creeping[0]["evidence"]["z"] < 3
     assert [v["status"] for v in creeping[1:]] == ["regression"] * 3
     assert all("persisted over the last" in v["reason"] for v in creeping[1:])
@@ -269,18 +302,43 @@ def test_a_regression_that_lasts_alerts_every_night_and_a_small_one_by_persisten
 
 def test_the_nights_since_the_baseline_at_its_level_join_its_reference_and_no_others():
     """The reference is the baseline's runs and the nights after them at its level, so its error, which every
-    night shares, shrinks as the baseline ages; a night off that level, and the nights persistence is still
-    judging, stay out."""
+    night shares, shrinks as the baseline ages; a night off that level stays out."""
     history = _history(quiet_nights(12, seed=6))
     baseline = {s: [990.0, 995.0, 1000.0, 1005.0, 1010.0] for s in (0, 1, 2)}
-    since = [dict.fromkeys((0, 1, 2), 1000.0) for _ in range(15)]
+    since = [dict.fromkeys((0, 1, 2), 1000.0) for _ in range(11)]
     since[3] = dict.fromkeys((0, 1, 2), 920.0)  # a regressed night
     since[6] = dict.fromkeys((0, 1, 2), 1080.0)  # a night much faster than the baseline
-    since[-1] = dict.fromkeys((0, 1, 2), 900.0)  # under test with this night (persistence), not the reference
     got = assess(THROUGHPUT, dict.fromkeys((0, 1, 2), 1000.0), baseline, history, since=since)
     assert got["status"] == "ok" and got["evidence"]["n_baseline_runs"] == 5
-    assert got["evidence"]["n_reference_runs"] == 5 + (15 - (PERSISTENCE - 1)) - 2
+    assert got["evidence"]["n_reference_runs"] == 5 + 11 - 2 and got["evidence"]["n_reference_before"] == 0
     assert got["baseline"] == 1000.0
+
+
+def test_the_runs_before_a_baseline_join_its_reference_only_as_one_level_with_it():
+    """The runs before the baseline at its level join the reference (the most recent REFERENCE_BEFORE), so a
+    baseline written by a routine `baseline update` starts with a reference of more than its own runs. A level the
+    update left behind stays out, even one a night's noise cannot tell from the baseline's: the runs before it are
+    judged together first (Z_SEGMENT), so they cannot pull the reference back to the old level one noisy run at a
+    time."""
+    values = quiet_nights(17, seed=6, sd=0.02)
+    history = _history(values[:12])
+    sigma, n = noise_level(history)
+    sigma *= noise_widening(n)
+    baseline = {s: list(values[12:, s]) for s in (0, 1, 2)}
+    level = np.median(values[12:], axis=0)
+    before = [dict(enumerate(r)) for r in level * np.exp(0.3 * sigma * np.random.default_rng(1).standard_normal(
+        (REFERENCE_BEFORE + 2, 3)))]
+    same = assess(THROUGHPUT, dict(enumerate(level)), baseline, history, before=before)
+    assert same["evidence"]["n_reference_before"] == REFERENCE_BEFORE  # the two oldest are beyond the segment
+    assert same["evidence"]["n_reference_runs"] == 5 + REFERENCE_BEFORE
+    # A level one noise level faster: each run alone lies within Z_SUPPORT of the baseline and would join it.
+    old = [{s: v * math.exp(sigma) for s, v in r.items()} for r in before]
+    within = Z_SUPPORT * sigma * math.sqrt(1 + (math.pi / 2) / 5)  # a run's change against a 5-run baseline
+    assert all(abs(np.median(np.log([r[s] / level[s] for s in (0, 1, 2)]))) < within for r in old)
+    moved = assess(THROUGHPUT, dict(enumerate(level)), baseline, history, before=old)
+    assert moved["evidence"]["n_reference_before"] == 0 and moved["evidence"]["n_reference_runs"] == 5
+    # The reference is then the baseline's own, so the night at the baseline's level is not judged slower.
+    assert moved["baseline"] == pytest.approx(np.median(values[12:]))
 
 
 def test_a_level_accepted_by_a_baseline_update_does_not_alert_and_a_drop_from_it_does():

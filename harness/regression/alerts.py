@@ -12,9 +12,11 @@ from harness.regression.statistics import (
     MIN_HISTORY,
     NEIGHBOURS,
     PERSISTENCE,
+    REFERENCE_BEFORE,
     Z_CRIT,
     Z_EARLIER,
     Z_PERSIST,
+    Z_SEGMENT,
     Z_SUPPORT,
     noise_widening,
 )
@@ -59,10 +61,12 @@ def render_markdown(result: dict) -> str:
         unit = c["unit"]
         status = c["status"] + (f" ({c['reason']})" if c.get("reason") else "")
         z = "n/a" if ev["z"] is None else f"{ev['z']:+.1f}"
-        since = ev["n_reference_runs"] - ev["n_baseline_runs"]
+        before = ev["n_reference_before"]
+        since = ev["n_reference_runs"] - ev["n_baseline_runs"] - before
+        joined = "".join(f" + {n} {when}" for n, when in ((before, "before"), (since, "since")) if n)
         return (f"| {c['framework']} | {c['label']} | {status} | {_fmt(c['baseline'])} | {_fmt(c['current'])} |"
                 f" {_fmt(c['change'], unit)} | {_fmt(ev['noise'], unit).lstrip('+')} | {z} | {ev['n_history_runs']} |"
-                f" {ev['n_baseline_runs']}{f' + {since} since' if since else ''} | {len(ev['seeds'])} |")
+                f" {ev['n_baseline_runs']}{joined} | {len(ev['seeds'])} |")
 
     for title, kind in (("Alerts (throughput, transition time)", "alert"),
                         ("Context (raw throughput: the figure adjusted for the machine's speed decides; never fails "
@@ -86,8 +90,11 @@ def render_markdown(result: dict) -> str:
             lines += [""] if lines[-1] else []
     lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
     lines += ["## Method", "",
-              "Reference = the baseline's runs and the nights after them at its level (within "
-              f"{Z_SUPPORT} noise levels; not the last {PERSISTENCE - 1}, which persistence judges with this run). "
+              "Reference = the baseline's runs and the history's runs at its level (within "
+              f"{Z_SUPPORT} noise levels; not the last {PERSISTENCE - 1}, which persistence judges with this run): "
+              f"the nights after them, and the last {REFERENCE_BEFORE} runs before them when their median is within "
+              f"{Z_SEGMENT} noise level (of the difference of two medians) of the baseline's: one level, not the one "
+              "a `baseline update` accepted a change from. "
               "Change = median over seeds of each seed's change against the same seed in the reference (paired; log "
               "ratio for times and rates). Noise = one run's robust standard deviation (Qn) of the same statistic "
               f"over the history, each past run against the rolling median of its {2 * NEIGHBOURS} neighbours (less "

@@ -3,10 +3,12 @@
 The method (docs/regression.md explains it for users):
 - Values are compared per seed, paired: a seed's workload is deterministic (same tokens every run), so its
   change against the same seed in the reference is a change in speed, not in workload.
-- The reference is the baseline's runs and the history's nights after them whose change against the baseline is
-  within Z_SUPPORT noise levels either way (the last PERSISTENCE - 1 excepted: persistence judges them with this
-  run). A baseline of 5 runs has an error every night shares; as it ages, the nights since at its level shrink
-  that error, and a `baseline update` that accepts a new level starts the reference again from its runs.
+- The reference is the baseline's runs and the history's runs whose change against the baseline is within
+  Z_SUPPORT noise levels either way (the last PERSISTENCE - 1 excepted: persistence judges them with this run):
+  the nights after them, and the REFERENCE_BEFORE runs before them when, as one segment, those are at the
+  baseline's level (Z_SEGMENT). A baseline of 5 runs has an error every night shares; the runs at its level
+  shrink that error, and a `baseline update` that accepts a new level starts the reference again from its runs:
+  the level it left behind fails the segment's test.
 - The run's change is the median over its seeds of the per-seed changes (log scale for times and rates): a load
   spike that hits one seed cannot raise an alert alone; at least half the seeds must show it (within-run
   replication).
@@ -67,10 +69,12 @@ from harness.regression.statistics import (
     NEIGHBOURS,
     PERSISTENCE,
     PROBE,
+    REFERENCE_BEFORE,
     Z_CRIT,
     Z_EARLIER,
     Z_PERSIST,
     Z_SAME_LEVEL,
+    Z_SEGMENT,
     Z_SUPPORT,
     Metric,
     adjust_for_machine,
@@ -151,8 +155,9 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
                                                                                                 probe_ref)
 
     extract[ADJUSTED] = adjusted
-    # The nights after the baseline's last run: those at its level join its runs as the reference.
-    base_end = max((r.get("pipeline_time") or "" for r in base["runs"]), default="")
+    # The history's runs after the baseline's last run and before its first: those at its level join its runs as
+    # the reference.
+    base_times = [t for r in base["runs"] if (t := r.get("pipeline_time"))]
     runs_of: dict[str, list[dict]] = {}
     for r in history:
         runs_of.setdefault(r["pipeline_run"], []).append(r)
@@ -169,11 +174,14 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         current = _per_seed(m, extract[m.name], cur_rows)
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
-        since = [run for run, rs in runs_of.items() if run in judged_runs and base_end
-                 and rs[0]["pipeline_time"] > base_end]
+        # Persistence judges the recent runs with this one: they are under test, not the reference.
+        others = [run for run in runs_of if run in judged_runs and base_times and run not in recent]
+        since = [run for run in others if runs_of[run][0]["pipeline_time"] > max(base_times)]
+        before = [run for run in others if runs_of[run][0]["pipeline_time"] < min(base_times)]
         result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
                         [_per_seed(m, extract[m.name], runs_of[run]) for run in recent], [now, *recent],
-                        [_per_seed(m, extract[m.name], runs_of[run]) for run in since])
+                        [_per_seed(m, extract[m.name], runs_of[run]) for run in since],
+                        [_per_seed(m, extract[m.name], runs_of[run]) for run in before])
         if m.name == ADJUSTED:
             result["evidence"]["machine_sensitivity"] = {
                 "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
@@ -226,6 +234,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "method": {"z_crit": Z_CRIT, "z_persist": Z_PERSIST, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,
                        "z_support": Z_SUPPORT, "z_earlier": Z_EARLIER, "z_same_level": Z_SAME_LEVEL,
+                       "reference_before": REFERENCE_BEFORE, "z_segment": Z_SEGMENT,
                        "noise": "Qn of run residuals around a rolling median of "
                        f"{2 * NEIGHBOURS} neighbouring runs (less its own noise), median over seeds, widened by the "
                        "Student t's quantile over the normal's at z_persist for the runs that estimate it, times "

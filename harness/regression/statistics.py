@@ -31,6 +31,12 @@ CONTENTION_MARGIN = 1.05
 PROBE_EXTRAPOLATION = 0.5  # of the history's range of probe times, beyond it either way, before a run is not judged
 FOREIGN_LOAD_MARGIN = 0.25  # cores of other work beyond the series' usual before a CPU run's timings are doubtful
 NOISE_DOF_PER_RUN, NOISE_DOF_OFFSET = 0.48, 1.75  # degrees of freedom of Qn over n run residuals: a (n - b)
+# The history's runs before the baseline that may join its reference: the most recent, as one segment. Older ones
+# are more likely to lie at some other level, which would make the whole segment fail the test below.
+REFERENCE_BEFORE = 10
+# Noise levels of the difference of two medians (theirs and the baseline's) within which the runs before the baseline
+# are one level with it: no change point at the baseline, the runs a routine `baseline update` was written after.
+Z_SEGMENT = 1.0
 DETECT_BY = 3  # the night by which the change a series states it can detect is caught
 # How far beyond the persistence threshold, in noise levels of the mean of DETECT_BY nights, a lasting change must lie
 # to be caught by then 95% of the time. The mean alone would need the normal's 1.645; a drop must also pass the
@@ -250,28 +256,52 @@ def seed_medians(metric: Metric, runs: dict[int, list[float]]) -> dict[int, floa
 
 
 def at_baseline_level(metric: Metric, baseline: dict[int, list[float]], since: list[dict[int, float | None]],
-                      sigma: float) -> list[dict[int, float]]:
-    """The runs since the baseline that are at its level: their change against it (median over seeds) within
-    Z_SUPPORT noise levels either way. The last PERSISTENCE - 1 are left out whatever their level: persistence
-    judges them with this run, so they are under test, not the reference."""
+                      before: list[dict[int, float | None]], run_sigma: float) -> tuple[list[dict[int, float]], int]:
+    """The runs outside the baseline that are at its level, and how many of them come from `before`.
+
+    A run is at the level when its change against the baseline (median over seeds) lies within Z_SUPPORT noise
+    levels either way. The nights since the baseline are judged one by one: the baseline came first, and a night
+    that moved off it stays out. The runs before it may be the level a `baseline update` left behind, which a run's
+    own noise can hide (a step of twice that noise passes a run's test about half the time): they are judged as one
+    segment first, and join only if their median lies within Z_SEGMENT noise levels of the difference of that median
+    and the baseline's. The runs persistence is judging with this night are in neither list (the callers leave them
+    out): they are under test, not the reference."""
     tr = metric.transform
     base_ref = seed_medians(metric, baseline)
-    level = []
-    for values in since[:max(0, len(since) - (PERSISTENCE - 1))]:
-        present = {s: v for s, v in values.items() if s in base_ref and v is not None}
-        if present and abs(float(np.median([tr(v) - base_ref[s] for s, v in present.items()]))) < Z_SUPPORT * sigma:
-            level.append(present)
-    return level
+    n_base = max((len(vs) for vs in baseline.values()), default=0)
+
+    def changes(runs: list[dict[int, float | None]]) -> list[tuple[dict[int, float], float]]:
+        out = []
+        for values in runs:
+            present = {s: v for s, v in values.items() if s in base_ref and v is not None}
+            if present:
+                out.append((present, float(np.median([tr(v) - base_ref[s] for s, v in present.items()]))))
+        return out
+
+    within = Z_SUPPORT * run_sigma * math.sqrt(1 + reference_share(n_base))  # a run's change against the baseline
+
+    def at_level(runs: list[tuple[dict[int, float], float]]) -> list[dict[int, float]]:
+        return [present for present, c in runs if abs(c) < within]
+
+    level = at_level(changes(since))
+    segment = changes(before[max(0, len(before) - REFERENCE_BEFORE):])
+    if segment and abs(float(np.median([c for _, c in segment]))) < Z_SEGMENT * run_sigma * math.sqrt(
+            reference_share(n_base) + reference_share(len(segment))):
+        joined = at_level(segment)
+        return level + joined, len(joined)
+    return level, 0
 
 
 def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
            history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None,
-           runs: list[str] | None = None, since: list[dict[int, float | None]] | None = None) -> dict:
+           runs: list[str] | None = None, since: list[dict[int, float | None]] | None = None,
+           before: list[dict[int, float | None]] | None = None) -> dict:
     """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
 
     `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
-    `baseline`: seed -> values over its runs; `since`: the history's runs after the baseline's last one, oldest
-    first, seed -> value: those at the baseline's level join its runs as the reference (at_baseline_level);
+    `baseline`: seed -> values over its runs; `since` and `before`: the history's runs after the baseline's last
+    one and before its first, oldest first, seed -> value, the `previous` ones left out: those at the baseline's
+    level join its runs as the reference (at_baseline_level);
     `history`: past runs x seeds of transformed values (for the noise); `runs`: the names of this run and of the
     `previous` ones, for saying since when a series is back to its baseline.
     """
@@ -279,10 +309,11 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     n_history = len(history)
     run_sigma, n_resid, largest = null_of(history)  # one run's own noise (widened) and widest deviation
     n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
-    # The reference is the baseline's runs and the nights since at its level: a median of more runs, whose error
-    # every night shares, is smaller (the noise below), and it restarts when `baseline update` accepts a new level.
-    level = (at_baseline_level(metric, baseline, since or [], run_sigma * math.sqrt(1 + reference_share(n_base_runs)))
-             if n_resid >= MIN_HISTORY else [])
+    # The reference is the baseline's runs and the history's others at its level: a median of more runs, whose
+    # error every night shares, is smaller (the noise below), and it restarts when `baseline update` accepts a new
+    # level.
+    level, n_before = (at_baseline_level(metric, baseline, since or [], before or [], run_sigma)
+                       if n_resid >= MIN_HISTORY else ([], 0))
     ref_values = {s: [*vs, *(r[s] for r in level if s in r)] for s, vs in baseline.items() if vs}
     base_ref = seed_medians(metric, ref_values)
     n_ref_runs = n_base_runs + len(level)
@@ -307,7 +338,8 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
            "baseline": float(np.median([v for vs in ref_values.values() for v in vs])) if ref_values else None,
            "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
            "evidence": {"test": ("median over seeds of the paired per-seed change vs the reference (the baseline's "
-                                 "runs and the nights since at its level); alert when worse "
+                                 "runs, the nights since at its level and, when they are one level with it, the runs "
+                                 "before it); alert when worse "
                                  f"by >= {metric.change(metric.min_effect):.3g}{unit} and more than any past run "
                                  f"deviated, and by >= {Z_CRIT} x noise in this run, or >= {Z_PERSIST} x the mean's "
                                  f"noise on average over this and up to {PERSISTENCE - 1} previous runs (this one "
@@ -321,7 +353,7 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
                         "z": None, "z_runs": {},
                         "largest_past_deviation": None if math.isnan(largest) else metric.change(largest * spread(1)),
                         "n_history_runs": n_history, "n_baseline_runs": n_base_runs,
-                        "n_reference_runs": n_ref_runs, "seeds": seeds,
+                        "n_reference_runs": n_ref_runs, "n_reference_before": n_before, "seeds": seeds,
                         "per_seed_change": {}}}
     if not seeds:
         out.update(status="no comparison", reason="no seed in common with the baseline")
@@ -356,10 +388,10 @@ def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int,
     out["evidence"]["z"] = z
     changes = [worse]  # this run's, then the previous runs' while they have a value
     for values in (previous or [])[:PERSISTENCE - 1]:
-        before, _ = worse_of(values)
-        if before is None:
+        earlier, _ = worse_of(values)
+        if earlier is None:
             break
-        changes.append(before)
+        changes.append(earlier)
     # The mean of m runs' changes is judged against the history before the m - 1 previous runs it includes (they
     # are under test, not the null), with the noise spread(m) gives; the widest past deviation it must beat
     # shrinks alike.
