@@ -18,9 +18,12 @@ with the baseline written from the history's last BASELINE_RUNS runs (just updat
 nights since then join its reference, as they do in the check; --baseline-at):
 with no change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
 next is judged against (detection by night 1, 2, ... PERSISTENCE); and with a regression that was fixed (two nights
-10% slower, then back), where any alert on the nights after the fix is a false alarm too. It prints the
-rates for 1 to 3 seeds and several history lengths, and exits 1 when no row meets the targets (<= 1% false alarms,
-after a fix too, and >= 95% detection of a lasting 5% drop by night DETECT_BY). With --otava it judges the same
+10% slower, then back), where any alert on the nights after the fix is a false alarm too; and, with a baseline just
+written, one written to accept a drop (its runs and the next night --accepted-drop slower than the history before
+them, which the check may take into the reference only as one level with the baseline), where any alert is a false
+alarm too. It prints the rates for 1 to 3 seeds and several history lengths, and exits 1 when no row meets the
+targets (<= 1% false alarms, after a fix and after accepting a level too, and >= 95% detection of a lasting 5% drop
+by night DETECT_BY). With --otava it judges the same
 series with Apache Otava's change-point detection too. Contended runs are left out first, as the check leaves
 them out. The metrics that alert are the check's: where the data has the machine-speed probe, the throughput
 adjusted by it (its sensitivity fitted on each synthetic history, as the check fits it) alone stands for
