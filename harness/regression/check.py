@@ -158,6 +158,7 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     # The history's runs after the baseline's last run and before its first: those at its level join its runs as
     # the reference.
     base_times = [t for r in base["runs"] if (t := r.get("pipeline_time"))]
+    first, last = (min(base_times), max(base_times)) if base_times else ("", "")
     runs_of: dict[str, list[dict]] = {}
     for r in history:
         runs_of.setdefault(r["pipeline_run"], []).append(r)
@@ -175,9 +176,9 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         if not baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
         # Persistence judges the recent runs with this one: they are under test, not the reference.
-        others = [run for run in runs_of if run in judged_runs and base_times and run not in recent]
-        since = [run for run in others if runs_of[run][0]["pipeline_time"] > max(base_times)]
-        before = [run for run in others if runs_of[run][0]["pipeline_time"] < min(base_times)]
+        others = [run for run in runs_of if run in judged_runs and first and run not in recent]
+        since = [run for run in others if runs_of[run][0]["pipeline_time"] > last]
+        before = [run for run in others if runs_of[run][0]["pipeline_time"] < first]
         result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
                         [_per_seed(m, extract[m.name], runs_of[run]) for run in recent], [now, *recent],
                         [_per_seed(m, extract[m.name], runs_of[run]) for run in since],
