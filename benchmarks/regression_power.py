@@ -2,7 +2,8 @@
 
     python benchmarks/regression_power.py measure --pipelines 16 --out benchmarks/data/regression_noise_probe.csv \
         [--configfile benchmarks/regression_short.yaml] [--workdir DIR]
-    python benchmarks/regression_power.py power [--data benchmarks/data/regression_noise_probe.csv] [--trials 4000]
+    python benchmarks/regression_power.py power [--data benchmarks/data/regression_noise_probe.csv] [--trials 4000] \
+        [--set Z_SEGMENT=inf ...]
 
 `measure` runs the real pipeline N times in one working directory (inputs built once, every run redone with
 `--forcerun run_embedded`) and writes one CSV row per (pipeline run, seed): the per-seed summaries the history
@@ -55,7 +56,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.regression.statistics import DETECT_BY
 from harness.results import layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +131,7 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
     "first", from the first ones (written history - BASELINE_RUNS nights ago; those nights join its reference)."""
     from harness.regression.statistics import (
         ADJUSTED,
+        DETECT_BY,
         METRICS,
         PERSISTENCE,
         PROBE,
@@ -295,9 +296,29 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
     return per_night(counts, trials, after_fix)
 
 
+def set_constants(assignments: list[str]) -> None:
+    """--set NAME=VALUE: a what-if of the check's constants (harness.regression.statistics), before anything reads
+    them; each is printed with the check's own value, so output under a what-if cannot pass for the check's."""
+    import harness.regression.statistics as check_statistics
+
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        own = getattr(check_statistics, name, None)
+        if not name.isupper() or isinstance(own, bool) or not isinstance(own, (int, float)):
+            sys.exit(f"--set {assignment}: {name!r} is not a numeric constant of harness.regression.statistics")
+        try:
+            new = type(own)(value)  # a count stays an int, a threshold a float ("inf" turns a test off)
+        except ValueError:
+            sys.exit(f"--set {assignment}: {value!r} is not of {name}'s type ({type(own).__name__})")
+        setattr(check_statistics, name, new)
+        print(f"what-if: {name} = {new} (the check's: {own})")
+
+
 def power(args) -> int:
+    set_constants(args.set)
     from harness.regression.statistics import (
         CONTENTION_MARGIN,
+        DETECT_BY,
         DETECT_MARGIN,
         FOREIGN_LOAD_MARGIN,
         METRICS,
@@ -445,6 +466,9 @@ def main() -> int:
                    help="which history runs the baseline is written from: the last (just updated) or the first "
                         "(the nights since then join its reference)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="a what-if: set constants of the check (harness.regression.statistics), e.g. "
+                        "REFERENCE_BEFORE=0 or Z_SEGMENT=inf; printed, with the check's own values, above the table")
     p.add_argument("--noise-scale", type=float, default=1.0,
                    help="raise the measured ratios to this power (0.5 = half the noise in log units): a what-if for "
                         "a quieter machine, labelled as such; 1 = the measurements as they are")
