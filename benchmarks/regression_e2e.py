@@ -144,9 +144,10 @@ def main() -> int:
     first = next((k for k, a in enumerate(slow_alerts) if a), len(slow_alerts))
     caught = first < min(DETECT_BY, len(slow_alerts)) and all(slow_alerts[first:])
     ok = caught and clean_quiet
-    print(f"workdir {workdir}: " + ("PASS" if ok else "FAIL") + f" (slowdown caught on slow night {first + 1}, by "
-          f"night {DETECT_BY} needed, and every slow night after: {caught}; no alert on any clean night, before the "
-          f"slowdown or after its fix: {clean_quiet})")
+    when = f"first caught on slow night {first + 1}" if first < len(slow_alerts) else "never caught"
+    print(f"workdir {workdir}: " + ("PASS" if ok else "FAIL") + f" (slowdown {when}; by night {DETECT_BY}, and on "
+          f"every slow night after: {caught}; no alert on any clean night, before the slowdown or after its fix: "
+          f"{clean_quiet})")
     return 0 if ok else 1
 
 
