@@ -34,7 +34,8 @@ machine-speed guard, harness.regression.statistics.machine_speed_outside); the s
 unjudged is printed beside the rates. Each series is also slowed by exactly the lasting drop the check says, on its
 first slow night, that it catches by night DETECT_BY 95% of the time (`detectable_change`): how often that drop is
 caught in time is the statement's calibration. The header prints the bound no method passes on the data's host: how
-often a check that knew the noise and the reference exactly would catch the drop by night DETECT_BY.
+often a check that knew the noise and the reference exactly would catch the drop by night DETECT_BY; and, for each
+history length asked for, the bound for a check that must learn both from that many runs (learnt_bound).
 """
 
 from __future__ import annotations
@@ -314,6 +315,18 @@ def set_constants(assignments: list[str]) -> None:
         print(f"what-if: {name} = {new} (the check's: {own})")
 
 
+def learnt_bound(night_sd: float, drop: float, history: int, nights: int, draws: int = 400_000) -> float:
+    """How often the one-sided t test of the mean of `nights` slow nights against the mean of `history` runs, its
+    noise their sample standard deviation, catches a lasting `drop` at 1% false alarms, where nights spread
+    `night_sd` (log units) normally: the most a check that learns both from its history can do (Monte Carlo)."""
+    rng = np.random.default_rng(0)
+    dof = history - 1
+    scale = np.sqrt(rng.chisquare(dof, draws) / dof)  # the sample sd over the true one
+    null = rng.standard_normal(draws) / scale
+    z = -math.log1p(-drop) / (night_sd * math.sqrt(1 / nights + 1 / history))
+    return float(np.mean((z + rng.standard_normal(draws)) / scale > np.quantile(null, 0.99)))
+
+
 def power(args) -> int:
     set_constants(args.set)
     from harness.regression.statistics import (
@@ -377,6 +390,10 @@ def power(args) -> int:
           f"{100 * night_sd:.2f}% (sd of the run medians); knowing that and the reference exactly, the mean of "
           f"{DETECT_BY} nights {100 * args.drop:.0f}% slower is z {z_mean:.1f}, caught at 1% false alarms "
           f"{100 * normal.cdf(z_mean - normal.inv_cdf(0.99)):.0f}% of the time: no method catches more by that night")
+    print(f"the bound with {' and '.join(map(str, args.history))} history runs: learning the noise and the reference "
+          f"from them, the best test at normal noise (Student's t, every run at the level) catches it "
+          + " and ".join(f"{100 * learnt_bound(night_sd, args.drop, h, DETECT_BY):.0f}%" for h in args.history)
+          + " of the time at 1% false alarms")
     for name in (n for n in THROUGHPUT if n in ratios):
         sigma, _ = noise_level(pd.DataFrame(np.log(ratios[name])))
         print(f"measured run-level {name} noise (Qn of run residuals, median over seeds): {100 * sigma:.1f}%; per-seed "
