@@ -424,19 +424,20 @@ def test_the_stated_detectable_drop_is_caught_by_night_3_nineteen_times_in_twent
 
 def test_the_bound_for_a_learnt_noise_is_the_t_tests_power_and_tends_to_the_known_noise_bound():
     """The power benchmark's bound for a check that learns its noise and reference from H runs: at a noise that is
-    known in effect (many runs) it is the normal bound, Phi(z - z_0.99); with fewer runs it is lower, and at 11
-    degrees of freedom it matches the noncentral t's power from a table-free check (the t quantile 2.718)."""
+    known in effect (many runs) it is the normal bound, Phi(z - z_0.99); with fewer runs it is lower, and at 12 runs
+    it is the noncentral t's power at t(11)'s 1% quantile, as the normal approximation gives it."""
     sys.path.append(str(REPO / "benchmarks"))
     from regression_power import learnt_bound
 
     normal = statistics.NormalDist()
     sd, drop = 0.0213, 0.05
     z = -math.log1p(-drop) * math.sqrt(DETECT_BY) / sd
-    assert learnt_bound(sd, drop, 100_000, DETECT_BY) == pytest.approx(normal.cdf(z - normal.inv_cdf(0.99)), abs=0.005)
+    known = normal.cdf(z - normal.inv_cdf(0.99))
+    assert learnt_bound(sd, drop, 100_000, DETECT_BY) == pytest.approx(known, abs=0.005)
     few, more = learnt_bound(sd, drop, 12, DETECT_BY), learnt_bound(sd, drop, 20, DETECT_BY)
-    assert few < more < normal.cdf(z - normal.inv_cdf(0.99))
-    # 12 runs: t(11) at 1% is 2.718; the noncentral t's power at z 5.13% / (sd sqrt(1/3 + 1/12)) by the normal
-    # approximation of Abramowitz and Stegun 26.7.10.
+    assert few < more < known
+    # 12 runs: t(11) at 1% is 2.718 (tables); the power by Abramowitz and Stegun 26.7.10, with the noncentrality of
+    # a three-night mean against a 12-run mean.
     delta = -math.log1p(-drop) / (sd * math.sqrt(1 / DETECT_BY + 1 / 12))
     t = 2.718
     approx = normal.cdf((delta - t * (1 - 1 / (4 * 11))) / math.sqrt(1 + t * t / (2 * 11)))
