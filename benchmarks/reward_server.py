@@ -63,7 +63,7 @@ def tiny_reward_model(dest: str | Path, *, hidden_size: int = 64, intermediate_s
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
         max_position_embeddings=64, num_labels=1, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, owner={"kind": "input", "name": "reward model"}) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return Path(dest)

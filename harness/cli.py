@@ -1,6 +1,9 @@
 """`remax-bench`: one subcommand per stage of the data flow (docs/design.md); Snakemake rules are thin calls of these.
 
-Bad input exits 2 with a message naming the file, line or key; nothing partial is left as if complete.
+One meaning per exit code, for every subcommand (docs/design.md, "Exit codes"): 0 done; 1 only "a regression was
+found" (`check`); 2 bad input or a problem of the machine (a bad config, log or baseline, an unwritable or full disk,
+a failing preflight row), with one line naming the file or key; 3 a bug in remax-bench, with its traceback. Nothing
+partial is left as if complete.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -46,20 +50,24 @@ def cmd_inputs(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
+    from harness.io import check_replaceable
 
     adapter = get_adapter(args.framework)
     if adapter.run is None:
         raise HarnessError(f"framework {args.framework!r} is not embedded: use `remax-bench plan {args.framework}` "
                            "and launch it with its own environment")
+    check_replaceable(args.out, layout.run_owner(args.framework, args.seed))  # before the run, not after it
     adapter.run(_config(args), args.seed, Path(args.out), Path(args.inputs))
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
+    from harness.io import check_replaceable
 
     adapter = get_adapter(args.framework)
     if adapter.plan is None:
         raise HarnessError(f"framework {args.framework!r} is embedded: use `remax-bench run {args.framework}`")
+    check_replaceable(args.out, layout.plan_owner(args.framework, args.seed))
     adapter.plan(_config(args), args.seed, Path(args.out), Path(args.inputs))
 
 
@@ -220,7 +228,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out:
         write_text(args.out, text)
-    return 1 if any(r["status"] == "fail" for r in rows) else 0
+    return 2 if any(r["status"] == "fail" for r in rows) else 0
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -340,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_check)
 
     sp = sub.add_parser("preflight", help="before a GPU profile's jobs: GPUs, driver and environments, checkpoints, "
-                                          "disk, ports, Ray; one table, a fix per row; exit 1 when a check fails")
+                                          "disk, ports, Ray; one table, a fix per row; exit 2 when a check fails")
     sp.add_argument("--config", required=True)
     sp.add_argument("--results", default="results", help="where the runs will write (for the free disk)")
     sp.add_argument("--out", help="also write the table here (markdown)")
@@ -353,13 +361,33 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_BAD_INPUT = 2
+EXIT_BUG = 3
+
+
+def _os_error(e: OSError) -> str:
+    where = ": ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+    return f"{where}: {e.strerror or e}" if where else str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    fail = f"remax-bench {args.command}: error:"
     try:
         rc = args.func(args)  # `check` returns 1 when it finds a regression
     except HarnessError as e:
-        print(f"remax-bench {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{fail} {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # unwritable output, a full disk, a vanished file: the machine, never a regression
+        print(f"{fail} {_os_error(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception:
+        # Anything else is a bug. Python's own exit code for it would be 1, which `check` and the nightly rule read as
+        # "regression found".
+        traceback.print_exc()
+        print(f"remax-bench {args.command}: internal error (a bug in remax-bench; the traceback is above)",
+              file=sys.stderr)
+        return EXIT_BUG
     return rc or 0
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from harness import HarnessError
 from harness.frameworks import known_frameworks
+from harness.io import strict_json
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
 
@@ -45,10 +46,47 @@ def _where(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a profile is a few KB; a larger file is a mistake, not a config
+MAX_NODES = 100_000  # keys and items in one config, counted before anything is copied or validated
+
+
+def _refuse_shared(value: object, source: str) -> None:
+    """HarnessError if one mapping or list appears twice in the config (a YAML alias, as Snakemake's own loader
+    keeps them) or the config is implausibly large: copying it would expand every alias, and a few hundred bytes of
+    nested aliases expand to gigabytes."""
+    seen: set[int] = set()
+    stack: list[tuple[object, str]] = [(value, "(top level)")]
+    nodes = 0
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if id(node) in seen:
+            raise HarnessError(f"{source}: at {where}: a YAML alias (*name) of a block used elsewhere; write the "
+                               "block out, aliases are not accepted in a config")
+        seen.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise HarnessError(f"{source}: more than {MAX_NODES} keys and items; not a config")
+            stack.append((child, f"{where}.{key}" if where != "(top level)" else str(key)))
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise HarnessError(f"line {mark.line + 1}: a YAML alias (*name); write the block out, aliases are not "
+                               "accepted in a config")
+        return super().compose_node(parent, index)
+
+
 def validate_config(config: dict, source: str = "config") -> dict:
     """Return a validated copy of `config` with defaults filled; raise HarnessError naming every bad key."""
     if not isinstance(config, dict):
         raise HarnessError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
+    _refuse_shared(config, source)
     config = json.loads(json.dumps(config))
     errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -84,14 +122,24 @@ def validate_config(config: dict, source: str = "config") -> dict:
 def load_config(path: str | Path) -> dict:
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise HarnessError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config")
+        text = data.decode()
         # YAML 1.1 reads JSON's 1e-06 as a string, so a frozen config.json is read as JSON.
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        raw = strict_json(text) if path.suffix == ".json" else yaml.load(text, Loader=_NoAliasLoader)
     except FileNotFoundError:
         raise HarnessError(f"{path}: config file not found") from None
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{path}: not valid JSON: {e}") from None
+    except HarnessError as e:
+        raise HarnessError(f"{path}: {e}" if not str(e).startswith(str(path)) else str(e)) from None
     except yaml.YAMLError as e:
         raise HarnessError(f"{path}: not valid YAML: {e}") from None
-    return validate_config(raw if raw is not None else {}, source=str(path))
+    except ValueError as e:  # JSON, NaN in JSON, or bytes that are not UTF-8
+        raise HarnessError(f"{path}: not a valid config file: {e}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise HarnessError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return validate_config(raw, source=str(path))
 

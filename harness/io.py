@@ -13,21 +13,66 @@ from pathlib import Path
 
 from harness import HarnessError
 
+OWNER = ".remax-bench.json"  # in every directory the harness makes: what it is (hidden: sha256_tree leaves it out)
 
-@contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling of `dest` (file or directory); rename it over `dest` only on success.
 
-    A crash or an exception leaves `dest` as it was, so nothing half-written ever looks complete.
+def _owner_of(path: Path) -> object:
+    try:
+        return json.loads((path / OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_replaceable(dest: str | os.PathLike, owner: dict | None = None) -> None:
+    """HarnessError unless writing `dest` deletes nothing the harness did not make as this very thing.
+
+    A file may replace a file; a directory (`owner` says what it is, e.g. {"kind": "run", "framework": ..., "seed":
+    ...}) may replace an empty directory or one the harness made with the same owner (a rerun of that run). A link is
+    replaced as a link: its target is never touched. Anything else, e.g. a results folder with history given as a
+    run's --out, is refused, naming it.
     """
     dest = Path(dest)
+    if not dest.exists() or dest.is_symlink():
+        return
+    if dest.is_dir():
+        if owner is None:
+            raise HarnessError(f"{dest}: an existing folder; refusing to replace it with a file (nothing was deleted)")
+        if not any(dest.iterdir()) or _owner_of(dest) == owner:
+            return
+        what = " ".join(f"{k} {v}" for k, v in owner.items())
+        raise HarnessError(f"{dest}: an existing folder that is not the {what} made by remax-bench; refusing to "
+                           "replace it (nothing was deleted): give another --out, or remove it yourself")
+    if owner is not None:
+        raise HarnessError(f"{dest}: an existing file; refusing to replace it with a folder (nothing was deleted)")
+
+
+@contextlib.contextmanager
+def atomic_path(dest: str | os.PathLike, owner: dict | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling of `dest` (file or directory); rename it over `dest` only on success.
+
+    A crash or an exception leaves `dest` as it was, so nothing half-written ever looks complete. A directory is
+    written with `owner` (what it is) in OWNER, and replaces only what check_replaceable allows, checked before the
+    work and again before the rename.
+    """
+    dest = Path(dest)
+    check_replaceable(dest, owner)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
     try:
         yield tmp
+        if tmp.is_dir() and not tmp.is_symlink():
+            if owner is None:
+                raise ValueError(f"{dest}: a directory written without an owner")
+            (tmp / OWNER).write_text(json.dumps(owner, sort_keys=True) + "\n")
+        check_replaceable(dest, owner)
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        # A write into an open file (a full disk) names no file: name the one being written.
+        raise HarnessError(f"{dest}: could not be written ({e.strerror or e})") from None
     finally:
         shutil.rmtree(tmp.parent, ignore_errors=True)
 
@@ -38,16 +83,26 @@ def write_text(dest: str | os.PathLike, text: str) -> None:
 
 
 def write_json(dest: str | os.PathLike, obj: object) -> None:
-    write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def strict_json(text: str | bytes) -> object:
+    """json.loads without NaN and Infinity: a value the harness never writes (write_json refuses them), so one in a
+    file is damage, and would otherwise pass every comparison silently."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def read_json_object(path: str | os.PathLike, what: str, missing_hint: str = "") -> dict:
     """The JSON object in `path`; HarnessError naming the file and what it should have been otherwise."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = strict_json(Path(path).read_text())
     except FileNotFoundError:
         raise HarnessError(f"{path}: {what} not found{missing_hint}") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise HarnessError(f"{path}: {what} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise HarnessError(f"{path}: {what} should be a JSON object, not {type(data).__name__}")
@@ -60,9 +115,9 @@ def read_jsonl(path: str | os.PathLike, bad_line: str = "not valid JSON") -> Ite
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
             try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{lineno}: {bad_line} ({e.msg})") from None
+                yield lineno, strict_json(line)
+            except ValueError as e:
+                raise HarnessError(f"{path}:{lineno}: {bad_line} ({getattr(e, 'msg', e)})") from None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

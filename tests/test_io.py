@@ -1,26 +1,83 @@
 import pytest
 
 from harness import HarnessError
-from harness.io import atomic_path, record_hash, verify_hash, write_text
+from harness.io import (
+    OWNER,
+    atomic_path,
+    check_replaceable,
+    read_json_object,
+    read_jsonl,
+    record_hash,
+    verify_hash,
+    write_json,
+    write_text,
+)
+
+RUN = {"kind": "run", "framework": "reference", "seed": 1}
 
 
 def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
     dest = tmp_path / "run"
-    with pytest.raises(RuntimeError), atomic_path(dest) as tmp:
+    with pytest.raises(RuntimeError), atomic_path(dest, owner=RUN) as tmp:
         tmp.mkdir()
         (tmp / "metrics.parquet").write_text("half")
         raise RuntimeError("killed mid-run")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_atomic_path_replaces_an_old_directory_whole(tmp_path):
+def test_a_rerun_replaces_its_own_directory_whole(tmp_path):
     dest = tmp_path / "run"
-    dest.mkdir()
-    (dest / "stale").write_text("old")
-    with atomic_path(dest) as tmp:
+    for content in ("old", "new"):
+        with atomic_path(dest, owner=RUN) as tmp:
+            tmp.mkdir()
+            (tmp / content).write_text("x")
+    assert sorted(p.name for p in dest.iterdir()) == [OWNER, "new"]
+
+
+@pytest.mark.parametrize("made_as", [None, {**RUN, "seed": 2}, {**RUN, "kind": "plan"}],
+                         ids=["results folder with history", "another seed's run", "a plan"])
+def test_a_folder_the_harness_did_not_make_as_this_very_thing_is_never_replaced(tmp_path, made_as):
+    dest = tmp_path / "results"
+    if made_as is None:
+        (dest / "history").mkdir(parents=True)
+        (dest / "history" / "cpu.jsonl").write_text("15 nights\n")
+    else:
+        with atomic_path(dest, owner=made_as) as tmp:
+            tmp.mkdir()
+            (tmp / "metrics.parquet").write_text("a real run's")
+    before = sorted(p.relative_to(dest) for p in dest.rglob("*"))
+    with pytest.raises(HarnessError, match=rf"{dest}: an existing folder that is not the kind run framework "
+                                           "reference seed 1 made by remax-bench; .*nothing was deleted"), \
+            atomic_path(dest, owner=RUN) as tmp:
         tmp.mkdir()
-        (tmp / "new").write_text("x")
-    assert [p.name for p in dest.iterdir()] == ["new"]
+    with pytest.raises(HarnessError, match="an existing folder; refusing to replace it with a file"), \
+            atomic_path(dest) as tmp:
+        tmp.write_text("a file over a folder")
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["results"]  # no temporary left behind
+
+
+def test_an_empty_folder_or_a_file_may_be_written_over(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with atomic_path(tmp_path / "empty", owner=RUN) as tmp:
+        tmp.mkdir()
+    write_text(tmp_path / "summary.csv", "old")
+    write_text(tmp_path / "summary.csv", "new")
+    assert (tmp_path / "summary.csv").read_text() == "new"
+    with pytest.raises(HarnessError, match="an existing file; refusing to replace it with a folder"):
+        check_replaceable(tmp_path / "summary.csv", RUN)
+
+
+def test_nan_and_infinity_in_json_are_bad_input_naming_the_file_and_line(tmp_path):
+    (tmp_path / "a.json").write_text('{"tokens_per_s": NaN}')
+    with pytest.raises(HarnessError, match=r"a\.json: manifest is not valid JSON \(NaN is not a number"):
+        read_json_object(tmp_path / "a.json", "manifest")
+    (tmp_path / "b.jsonl").write_text('{"x": 1}\n{"x": -Infinity}\n')
+    with pytest.raises(HarnessError, match=r"b\.jsonl:2: not valid JSON \(-Infinity is not a number"):
+        list(read_jsonl(tmp_path / "b.jsonl"))
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        write_json(tmp_path / "c.json", {"x": float("nan")})  # never written, so never read back
+    assert not (tmp_path / "c.json").exists()
 
 
 def test_changed_input_is_caught_by_its_recorded_sha256(tmp_path):

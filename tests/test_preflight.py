@@ -118,10 +118,10 @@ def test_an_environment_with_a_cpu_only_torch_fails_with_the_fix(tmp_path, monke
     assert row["fix"] == "a CUDA build of torch in workflows/envs/dschat.txt"
 
 
-def test_the_command_on_a_machine_without_gpus_exits_1_with_the_table(tmp_path):
+def test_the_command_on_a_machine_without_gpus_exits_2_with_the_table(tmp_path):
     proc = run_cli("preflight", "--config", REPO / "workflows" / "config" / "a100x8.yaml", "--results",
                    tmp_path / "results", "--out", tmp_path / "preflight.md")
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr
     assert proc.stdout.startswith("preflight failed: GPUs")
     assert "no nvidia-smi on this machine" in proc.stdout
     assert (tmp_path / "preflight.md").read_text() == proc.stdout

@@ -115,6 +115,23 @@ def test_missing_length_and_unknown_paths(server):
     assert post(server, good(), path="/")[0] == 200
 
 
+@pytest.mark.parametrize("length", ["abc", "\u00b2", "1e3", "-1", "99999999999999999999999"])
+def test_a_bad_content_length_gets_400_not_a_dropped_connection(server, length):
+    sock = socket.create_connection(server.server_address[:2], timeout=10)
+    sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Length: " + length.encode() + b"\r\n\r\n{}")
+    answer = sock.makefile("rb").read().decode()  # the server answers, then closes: the body's extent is unknown
+    sock.close()
+    assert answer.startswith("HTTP/1.1 400") and "is not a byte count" in answer, answer
+    assert post(server, good())[0] == 200
+
+
+def test_json_nested_past_the_parsers_limit_gets_400():
+    with serving(max_body=1 << 20) as srv:
+        status, answer = post(srv, b"[" * 100_000 + b"]" * 100_000)
+        assert status == 400 and "nested too deep" in answer["error"]
+        assert post(srv, good())[0] == 200
+
+
 def test_concurrent_clients_get_their_own_answers(server):
     def one(i):
         prompt, answer = f"{i}+{i}=", str(2 * i)

@@ -11,9 +11,10 @@ or "in-process" (harness.reward.score called inside the framework's process: the
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
+
+from harness.runtime.launch_script import shell_word, shell_words
 
 SCORED_BY = ("served", "in-process")
 URL_VAR = "REMAX_BENCH_REWARD_URL"  # the served reward's URL, exported by launch.sh to the framework's processes
@@ -46,7 +47,7 @@ def server_block(config: dict, inputs_dir: str | Path, record: dict, *, host: st
     picked at launch), wait until it answers, check that it is the server just started and that it serves the
     planned reward (sha256 of its /health), export REWARD_URL and $URL_VAR, and stop it when launch.sh exits.
     A server already answering on the port (another run's) stops the launch: the run would be scored by it."""
-    python = shlex.quote(sys.executable)  # the harness's environment, not the framework's
+    python = shell_word(sys.executable)  # the harness's environment, not the framework's
     log = "$RUN_DIR/reward_server.log"
     serve = ["-m", "harness.cli", "serve-reward", "--host", host]
     if record["kind"] == "model":
@@ -57,12 +58,13 @@ def server_block(config: dict, inputs_dir: str | Path, record: dict, *, host: st
             "print(s.getsockname()[1])')")
     return f"""# The shared reward ({record['kind']}, sha256 {record['sha256'][:12]}), served by harness.reward.server
 REWARD_PORT={pick if port is None else int(port)}
-REWARD_URL="http://{host}:$REWARD_PORT"
+REWARD_HOST={shell_word(host)}
+REWARD_URL="http://$REWARD_HOST:$REWARD_PORT"
 if {python} -m harness.cli serve-reward --health-check "$REWARD_URL" --timeout 0 >/dev/null 2>&1; then
   echo "launch.sh: a reward server already answers at $REWARD_URL (another run's?): stop it, or plan another port" >&2
   exit 2
 fi
-{python} {shlex.join(serve)} --port "$REWARD_PORT" >"{log}" 2>&1 &
+{python} {shell_words(serve)} --port "$REWARD_PORT" >"{log}" 2>&1 &
 REWARD_PID=$!
 stop_reward_server() {{ kill "$REWARD_PID" 2>/dev/null || true; wait "$REWARD_PID" 2>/dev/null || true; }}
 trap stop_reward_server EXIT
@@ -77,6 +79,6 @@ fi
 served = json.load(urllib.request.urlopen(sys.argv[1] + "/health", timeout=30)).get("sha256")
 if served != sys.argv[2]:
     sys.exit(f"launch.sh: the reward server at {{sys.argv[1]}} serves {{served}}, not the planned {{sys.argv[2]}}")
-' "$REWARD_URL" {record['sha256']}
+' "$REWARD_URL" {shell_word(record['sha256'])}
 export REWARD_URL {URL_VAR}="$REWARD_URL"
 """

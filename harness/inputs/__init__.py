@@ -61,7 +61,7 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
     checked against `reward.sha256` when given, or trained here from the task); its sha256 recorded."""
     rc, inputs_dir = config["reward"], Path(inputs_dir)
     dest = inputs_dir / REWARD
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, owner={"kind": "input", "name": REWARD}) as tmp:
         tmp.mkdir()
         record: dict = {"kind": rc["kind"]}
         if rc["kind"] == "model":

@@ -151,7 +151,7 @@ def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) 
     max_positions = longest_prompt + config["remax"]["max_response_length"] + 1
     model = build_policy(tokenizer, config["policy"], max_positions)
     losses = supervised_warm_start(model, tokenizer, train, config["policy"]["sft"])
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, owner={"kind": "input", "name": "policy"}) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return {

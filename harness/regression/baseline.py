@@ -22,11 +22,31 @@ def load_baseline(path: str | Path) -> dict:
             raise HarnessError(f"{path}: not a baseline (no {key!r}; write one with `remax-bench baseline update`)")
     if base["schema"] != SCHEMA_VERSION:
         raise HarnessError(f"{path}: baseline schema {base['schema']} (this harness reads {SCHEMA_VERSION})")
+    if not isinstance(base["frameworks"], dict):
+        raise HarnessError(f"{path}: frameworks: expected an object of frameworks")
     for fw, entry in base["frameworks"].items():
         runs = entry.get("runs") if isinstance(entry, dict) else None
         if not runs or not all(isinstance(r, dict) and {"pipeline_run", "seed", "metrics"} <= r.keys() for r in runs):
             raise HarnessError(f"{path}: frameworks.{fw}: expected 'runs' with pipeline_run, seed and metrics")
+        if not _number_or_null(entry.get("reward_target")):
+            raise HarnessError(f"{path}: frameworks.{fw}.reward_target: {entry.get('reward_target')!r} is not a number")
+        for i, r in enumerate(runs):
+            at = f"{path}: frameworks.{fw}.runs[{i}]"
+            if not isinstance(r["pipeline_run"], str) or not isinstance(r["seed"], int) or isinstance(r["seed"], bool):
+                raise HarnessError(f"{at}: pipeline_run must be a string and seed an integer")
+            if not isinstance(r["metrics"], dict):
+                raise HarnessError(f"{at}.metrics: expected an object")
+            for name, value in r["metrics"].items():
+                if not _number_or_null(value):
+                    raise HarnessError(f"{at}.metrics.{name}: {value!r} is not a number")
+            if not isinstance(r.get("pipeline_time", ""), str):
+                raise HarnessError(f"{at}.pipeline_time: expected a string")
     return base
+
+
+def _number_or_null(value: object) -> bool:
+    """NaN and Infinity never get here: the JSON reader refuses them."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def experiment_config(row: dict) -> dict:
@@ -59,10 +79,21 @@ def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | N
             chosen.append(hits[0])
     else:
         chosen = available[-last:]
+    if len(set(chosen)) < len(chosen):
+        raise HarnessError(f"{history_dir}: pipeline run(s) named more than once: "
+                           + ", ".join(sorted({p for p in chosen if chosen.count(p) > 1})))
     if len(set(chosen)) < MIN_BASELINE_RUNS:
         raise HarnessError(f"{history_dir}: a baseline needs at least {MIN_BASELINE_RUNS} pipeline runs of profile "
                            f"{profile!r}; {len(set(chosen))} chosen")
     rows = [r for r in rows if r["pipeline_run"] in chosen]
+    # A history file copied or appended twice repeats its runs: each would count as another night's evidence.
+    where: dict[tuple, list[str]] = {}
+    for r in rows:
+        where.setdefault((r["pipeline_run"], r["framework"], r["seed"]), []).append(r["_source"])
+    repeated = {k: v for k, v in where.items() if len(v) > 1}
+    if repeated:
+        raise HarnessError(f"{history_dir}: the history repeats runs; remove the copies first: " + "; ".join(
+            f"pipeline run {p} {fw} seed {s} at {', '.join(v)}" for (p, fw, s), v in sorted(repeated.items())))
     hardware = {r["hardware"] for r in rows}
     if len(hardware) > 1:
         raise HarnessError(f"{history_dir}: the chosen runs come from different machines ({' | '.join(hardware)}); "

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import atomic_path, read_json_object
+from harness.io import atomic_path, read_json_object, strict_json
 from harness.results import layout
 from harness.results.metrics import read_metrics
 from harness.results.summarize import reward_curve
@@ -179,9 +179,11 @@ def read_history(history_dir: str | Path) -> list[dict]:
                 if not line.endswith("\n"):
                     raise HarnessError(f"{where}: incomplete row (no line end): the file was cut off")
                 try:
-                    row = json.loads(line)
+                    row = strict_json(line)
                 except json.JSONDecodeError as e:
                     raise HarnessError(f"{where}: corrupt row, not valid JSON ({e.msg}, column {e.colno})") from None
+                except ValueError as e:
+                    raise HarnessError(f"{where}: corrupt row ({e})") from None
                 rows.append(_check_row(row, where) | {"_source": where})
     rows.sort(key=lambda r: (r["pipeline_time"], r["pipeline_run"], r["framework"], r["seed"]))
     return rows

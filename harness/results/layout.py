@@ -44,3 +44,13 @@ CHECKOUT_LOG = "logs/setup/{framework}_checkout.log"
 def path(results: str | Path, pattern: str, **fields: object) -> Path:
     """`pattern` (one of the names above) under the results directory `results`, its fields filled in."""
     return Path(results) / pattern.format(**fields)
+
+
+def run_owner(framework: str, seed: int) -> dict:
+    """What a run directory is (harness.io.OWNER): a rerun of the same run may replace it, nothing else may."""
+    return {"kind": "run", "framework": framework, "seed": seed}
+
+
+def plan_owner(framework: str, seed: int) -> dict:
+    """What a plan directory is, likewise."""
+    return {"kind": "plan", "framework": framework, "seed": seed}

@@ -45,6 +45,8 @@ OPTIONAL = {"time_step_cpu_s": "float64", "time_machine_busy_s": "float64", "tim
             "task_accuracy_mean": "float64"}
 DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64"}
 SCHEMA = {**IDENTITY, **MEASURED, **OPTIONAL, **DERIVED}
+# Every producer measures these on every step; the other measured columns may be empty where one cannot.
+REQUIRED_FINITE = ["time_step_s", "tokens_prompt", "tokens_response", "reward_mean"]
 # Kept beside the derived figure for a cross-check where a framework reports its own (optional).
 FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
 
@@ -63,6 +65,14 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
         raise HarnessError(f"{source}: step {bad}: time_step_s must be a positive number")
     for c in OPTIONAL:
         df[c] = df[c].astype("float64") if c in df.columns else float("nan")
+    # A framework's log may say NaN or Infinity (a diverged loss, a broken timer): bad input, not a figure to average.
+    numeric = [c for c in (*MEASURED, *OPTIONAL) if c != "step"]
+    values = df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")
+    bad = values.isin([float("inf"), float("-inf")]) | values[REQUIRED_FINITE].isna().reindex(columns=numeric,
+                                                                                             fill_value=False)
+    if bad.any().any():
+        row, col = next((r, c) for r in bad.index for c in numeric if bad.at[r, c])
+        raise HarnessError(f"{source}: step {df.at[row, 'step']}: {col} is {df.at[row, col]!r}, not a finite number")
     tokens = df["tokens_prompt"].astype("float64") + df["tokens_response"].astype("float64")
     df["throughput_tok_s"] = tokens / step_time
     df["throughput_tok_cpu_s"] = tokens / df["time_step_cpu_s"].where(df["time_step_cpu_s"] > 0)

@@ -208,7 +208,7 @@ def train_reward_model(dataset: dict[str, list[dict]], policy_dir: str | Path, t
                  seed=train["seed"], loss=lambda batch: -torch.nn.functional.logsigmoid(
                      _pair_margins(model, tokenizer, batch, len(batch))).mean())
     held_out = pair_accuracy(model, tokenizer, eval_pairs)
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, owner={"kind": "input", "name": "reward model"}) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return {

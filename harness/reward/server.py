@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ from harness.reward.shared import SharedReward
 
 REWARD_PATHS = ("/", "/get_reward")
 HEALTH_PATH = "/health"
+CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 FIELDS = ("query", "prompts", "labels")
 DEFAULT_MAX_BODY = 8 << 20  # a 1024-prompt batch of 2k-token texts is ~10 MB at most; larger is a client bug
 # One request per sample: a 1024-prompt rollout step of a sample and a greedy baseline each is ~2,000 at once.
@@ -228,13 +230,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity, "served": self.server.batcher.stats()})
 
     def do_POST(self) -> None:
+        try:
+            self._post()
+        except Exception as e:  # never drop a connection without an answer; the batch's own errors are answered 500
+            self.close_connection = True
+            self.log_error("%s %s: %s: %s", self.command, self.path, type(e).__name__, e)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"the server failed on this request ({type(e).__name__})")
+
+    def _post(self) -> None:
         if self.path not in REWARD_PATHS:
             self.close_connection = True  # the body is left unread
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r} (POST {' or '.join(REWARD_PATHS)})")
         header = self.headers.get("Content-Length")
-        if header is None or not header.isdigit():
+        if header is None:
             self.close_connection = True
             return self._error(HTTPStatus.LENGTH_REQUIRED, "a Content-Length header is required")
+        # ASCII digits only: str.isdigit() also takes '²' and other digits int() refuses or reads otherwise.
+        if not CONTENT_LENGTH.fullmatch(header.strip()):
+            self.close_connection = True  # the body's extent is unknown: the connection cannot be reused
+            return self._error(HTTPStatus.BAD_REQUEST, f"Content-Length {header[:40]!r} is not a byte count")
         length = int(header)
         if length > self.server.max_body:
             # Answer without reading the body, then drop the connection: the unread bytes cannot be reused.
@@ -246,6 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return self._error(HTTPStatus.BAD_REQUEST, f"body is not valid JSON: {e}")
+        except RecursionError:  # a request is two levels deep; Python's parser stops near a thousand
+            return self._error(HTTPStatus.BAD_REQUEST, "body is JSON nested too deep to parse")
         try:
             prompts, responses, labels = parse_request(payload)
             rewards = self.server.batcher.score(prompts, responses, labels)

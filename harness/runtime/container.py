@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import subprocess
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from harness import HarnessError
 from harness.io import atomic_path, sha256_file, write_json
 from harness.results import layout
 from harness.runtime import envs
+from harness.runtime.launch_script import shell_word, shell_words
 
 # Where a generated definition puts the description and setup scripts inside the image.
 IN_IMAGE = "/opt/remax-bench"
@@ -69,12 +69,13 @@ def exec_prefix(name: str, config: dict) -> list[str]:
 
 def launch_check(name: str, config: dict) -> str:
     """Bash lines for launch.sh: stop with exit 2 when apptainer or the image is missing on the node."""
-    apptainer, image = shlex.quote(config["container"]["apptainer"]), shlex.quote(str(image_path(name)))
     target = f"{layout.RESULTS}/{layout.IMAGE_RECORD.format(env=name)}"  # the Snakemake target that builds it
-    return (f"if ! command -v {apptainer} >/dev/null; then\n"
-            f"  echo \"launch.sh: {apptainer} not found (container.runtime is apptainer)\" >&2\n  exit 2\nfi\n"
-            f"if [ ! -f {image} ]; then\n"
-            f"  echo \"launch.sh: no image at {image}: build it with 'snakemake {target}'"
+    return (f"APPTAINER={shell_word(config['container']['apptainer'])}\n"
+            f"IMAGE={shell_word(str(image_path(name)))}\n"
+            'if ! command -v "$APPTAINER" >/dev/null; then\n'
+            '  echo "launch.sh: $APPTAINER not found (container.runtime is apptainer)" >&2\n  exit 2\nfi\n'
+            'if [ ! -f "$IMAGE" ]; then\n'
+            f"  echo \"launch.sh: no image at $IMAGE: build it with 'snakemake {target}'"
             f" (remax-bench image {name})\" >&2\n  exit 2\nfi\n")
 
 
@@ -93,10 +94,10 @@ def definition(name: str, settings: dict) -> str:
         "set -eu",
         # NGC images constrain pip to their own torch build (PIP_CONSTRAINT); the pinned description decides here.
         "export PIP_CONSTRAINT=",
-        *(f"export {k}={shlex.quote(v)}" for k, v in envs.install_env_vars(spec).items()),
-        *([shlex.join([*pip, "uninstall", "-y", *settings["uninstall"]])] if settings["uninstall"] else []),
-        *(shlex.join(cmd) for cmd in envs.pip_steps(spec, install, spec_as=f"{IN_IMAGE}/{spec.name}")),
-        *(shlex.join(["python3", f"{IN_IMAGE}/{s.name}"]) for s in scripts),
+        *(f"export {k}={shell_word(v)}" for k, v in envs.install_env_vars(spec).items()),
+        *([shell_words([*pip, "uninstall", "-y", *settings["uninstall"]])] if settings["uninstall"] else []),
+        *(shell_words(cmd) for cmd in envs.pip_steps(spec, install, spec_as=f"{IN_IMAGE}/{spec.name}")),
+        *(shell_words(["python3", f"{IN_IMAGE}/{s.name}"]) for s in scripts),
     ]
     return "\n".join([
         f"Bootstrap: {bootstrap}",
@@ -138,7 +139,7 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
         if text is not None:
             definition_file.write_text(text)
         cmd = build_command(name, settings, apptainer, tmp, definition_file)
-        print("+", shlex.join(cmd), flush=True)
+        print("+", shell_words(cmd), flush=True)
         proc = subprocess.run(cmd)
         if proc.returncode or not tmp.is_file():
             raise HarnessError(f"{out}: {' '.join(cmd[:2])} of environment {name!r} failed (exit {proc.returncode}); "
@@ -175,7 +176,7 @@ def env_check(name: str, config: dict, program: str = "python") -> str:
     """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing."""
     if config["container"]["runtime"] == "apptainer":
         return launch_check(name, config)
-    path = shlex.quote(env_command(name, config, program)[0])
-    return (f"if [ ! -x {path} ]; then\n"
-            f"  echo \"launch.sh: no environment at {path}: build it with 'remax-bench env {name}'\" >&2\n"
-            f"  exit 2\nfi\n")
+    return (f"ENV_PROGRAM={shell_word(env_command(name, config, program)[0])}\n"
+            'if [ ! -x "$ENV_PROGRAM" ]; then\n'
+            f"  echo \"launch.sh: no environment at $ENV_PROGRAM: build it with 'remax-bench env {name}'\" >&2\n"
+            "  exit 2\nfi\n")

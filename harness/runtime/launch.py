@@ -7,7 +7,6 @@ timeout the exit reason and the log tail are printed, and nothing is left that l
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -18,7 +17,8 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
-from harness.io import atomic_path, write_json
+from harness.io import atomic_path, read_json_object, write_json
+from harness.results import layout
 from harness.runtime import container
 from harness.runtime.container import env_command
 from harness.runtime.manifest import build_manifest
@@ -93,8 +93,9 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
     script = plan_dir / "launch.sh"
     if not script.is_file() or not (plan_dir / "plan.json").is_file():
         raise HarnessError(f"{plan_dir}: not a plan directory (needs launch.sh and plan.json)")
+    plan = read_json_object(plan_dir / "plan.json", "plan")
     timeout_s = timeout_min * 60
-    with atomic_path(run_dir) as tmp:
+    with atomic_path(run_dir, owner=layout.run_owner(plan["framework"], plan["seed"])) as tmp:
         tmp.mkdir()
         shutil.copy2(plan_dir / "plan.json", tmp / "plan.json")
         start = time.time()
@@ -114,7 +115,6 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
                                + tail(tmp / CONSOLE_LOG))
         write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})
-        plan = json.loads((plan_dir / "plan.json").read_text())
         write_evaluation(tmp, plan["framework"])
         write_json(tmp / "manifest.json", build_manifest(
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],

@@ -9,6 +9,11 @@ writes to a relative path lands there. harness.runtime.launch runs it with stdou
 
 plan.json's argv and env_vars are what the script runs, word for word, except for two placeholders that only exist
 once the script runs: RUN_DIR (the run directory) and REWARD_URL (the reward server it started).
+
+Configs are shared and run by nightly CI, so no value may ever run as a command: every value that reaches a launch.sh,
+an image's build script or a Snakemake shell command goes through `shell_word` here (rules: Snakemake's `:q`, the
+same quoting), and a value placed in a message is first assigned to a variable, never spliced into a double-quoted
+string.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ def shell_word(arg: str) -> str:
     if arg == REWARD_URL:
         return f'"{REWARD_URL}"'
     return f'"{RUN_DIR}"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
+
+
+def shell_words(argv: list[str]) -> str:
+    """argv as one line of bash words."""
+    return " ".join(map(shell_word, argv))
 
 
 def shell_command(argv: list[str]) -> str:

@@ -18,7 +18,7 @@ rule history:
     params:
         results=lambda w, input: os.path.dirname(input.summary),
     shell:
-        "remax-bench history append --results {params.results} --receipt {output} > {log} 2>&1"
+        "remax-bench history append --results {params.results:q} --receipt {output:q} > {log:q} 2>&1"
 
 
 rule alerts:
@@ -36,7 +36,7 @@ rule alerts:
         results=lambda w, output: os.path.dirname(output.json),
     # Exit 1 (a regression) keeps the alerts as outputs; the `check` target below turns it into a failure.
     shell:
-        "remax-bench check --baseline {input.baseline} --results {params.results} > {log} 2>&1 || test $? -eq 1"
+        "remax-bench check --baseline {input.baseline:q} --results {params.results:q} > {log:q} 2>&1 || test $? -eq 1"
 
 
 rule check:
@@ -51,5 +51,5 @@ rule check:
     # The verdict is alerts.json's top-level status: its checks also say "regression" for the context figures and
     # the advisories, which never fail the check.
     shell:
-        "cat {input.md} | tee {log}; python -c 'import json, sys; "
-        "sys.exit(json.load(open(sys.argv[1]))[\"status\"] == \"regression\")' {input.json}"
+        "cat {input.md:q} | tee {log:q}; python -c 'import json, sys; "
+        "sys.exit(json.load(open(sys.argv[1]))[\"status\"] == \"regression\")' {input.json:q}"

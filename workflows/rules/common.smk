@@ -96,4 +96,4 @@ def report_what_finished():
     next pipeline run re-runs the failed runs (and only those) and then summary and report.
     """
     if os.path.exists(f"{RESULTS}/{layout.CONFIG}"):
-        shell("remax-bench report {RESULTS} --out {RESULTS}/report > {RESULTS}/logs/report.log 2>&1")
+        shell("remax-bench report {RESULTS:q} --out {RESULTS:q}/report > {RESULTS:q}/logs/report.log 2>&1")

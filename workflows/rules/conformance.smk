@@ -13,4 +13,4 @@ rule conformance:
     conda:
         "../envs/harness.yaml"
     shell:
-        "remax-bench conformance --config {input.config} --out {output} > {log} 2>&1"
+        "remax-bench conformance --config {input.config:q} --out {output:q} > {log:q} 2>&1"

@@ -23,4 +23,4 @@ rule framework_image:
         disk_mb=100000,  # the base image's layers, the build sandbox and the .sif
         runtime=240,
     shell:
-        "remax-bench image {wildcards.env} --json {params.settings:q} --out {output.sif} > {log} 2>&1"
+        "remax-bench image {wildcards.env:q} --json {params.settings:q} --out {output.sif:q} > {log:q} 2>&1"

@@ -8,4 +8,4 @@ rule ingest:
     conda:
         "../envs/harness.yaml"
     shell:
-        "remax-bench ingest {wildcards.framework} {input} --out {output} > {log} 2>&1"
+        "remax-bench ingest {wildcards.framework:q} {input:q} --out {output:q} > {log:q} 2>&1"

@@ -8,7 +8,7 @@ rule freeze_config:
     params:
         config=json.dumps(config, sort_keys=True),
     shell:
-        "remax-bench freeze-config --json {params.config:q} --out {output} > {log} 2>&1"
+        "remax-bench freeze-config --json {params.config:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule dataset:
@@ -24,7 +24,7 @@ rule dataset:
     params:
         inputs=lambda w, output: os.path.dirname(output.data),
     shell:
-        "remax-bench inputs dataset --config {input.config} --inputs {params.inputs} > {log} 2>&1"
+        "remax-bench inputs dataset --config {input.config:q} --inputs {params.inputs:q} > {log:q} 2>&1"
 
 
 rule policy:
@@ -43,7 +43,7 @@ rule policy:
     params:
         inputs=lambda w, output: os.path.dirname(output.sha),
     shell:
-        "remax-bench inputs policy --config {input.config} --inputs {params.inputs} > {log} 2>&1"
+        "remax-bench inputs policy --config {input.config:q} --inputs {params.inputs:q} > {log:q} 2>&1"
 
 
 rule reward:
@@ -62,4 +62,4 @@ rule reward:
     params:
         inputs=lambda w, output: os.path.dirname(output.sha),
     shell:
-        "remax-bench inputs reward --config {input.config} --inputs {params.inputs} > {log} 2>&1"
+        "remax-bench inputs reward --config {input.config:q} --inputs {params.inputs:q} > {log:q} 2>&1"

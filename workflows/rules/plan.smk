@@ -10,7 +10,7 @@ rule framework_env:
     conda:
         "../envs/harness.yaml"
     shell:
-        "remax-bench env {wildcards.env} --out {output} > {log} 2>&1"
+        "remax-bench env {wildcards.env:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule plan:
@@ -31,5 +31,5 @@ rule plan:
     params:
         inputs=lambda w, input: os.path.dirname(input.data),
     shell:
-        "remax-bench plan {wildcards.framework} --config {input.config} --seed {wildcards.seed}"
-        " --inputs {params.inputs} --out {output} > {log} 2>&1"
+        "remax-bench plan {wildcards.framework:q} --config {input.config:q} --seed {wildcards.seed:q}"
+        " --inputs {params.inputs:q} --out {output:q} > {log:q} 2>&1"

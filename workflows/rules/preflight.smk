@@ -19,4 +19,4 @@ rule preflight:
         gpu=config["launch"]["gpus_per_node"],
         gpu_model=config["launch"]["gpu_model"],
     shell:
-        "remax-bench preflight --config {input.config} --results {params.results} --out {output} > {log} 2>&1"
+        "remax-bench preflight --config {input.config:q} --results {params.results:q} --out {output:q} > {log:q} 2>&1"

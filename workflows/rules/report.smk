@@ -22,4 +22,4 @@ rule report:
         results=lambda w, input: os.path.dirname(input.config),
         out=lambda w, output: os.path.dirname(output.html),
     shell:
-        "remax-bench report {params.results} --out {params.out} > {log} 2>&1"
+        "remax-bench report {params.results:q} --out {params.out:q} > {log:q} 2>&1"

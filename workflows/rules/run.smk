@@ -19,8 +19,8 @@ rule run_embedded:
     resources:
         timed_run=1,
     shell:
-        "remax-bench run {wildcards.framework} --config {input.config} --seed {wildcards.seed}"
-        " --inputs {params.inputs} --out {output} > {log} 2>&1"
+        "remax-bench run {wildcards.framework:q} --config {input.config:q} --seed {wildcards.seed:q}"
+        " --inputs {params.inputs:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule run_planned:
@@ -46,5 +46,5 @@ rule run_planned:
         nodes=config["launch"]["nnodes"],
         runtime=config["launch"]["timeout_min"] + 10,
     shell:
-        "remax-bench launch {input.plan} --config {input.config} --out {output} --timeout-min {params.timeout_min}"
-        " > {log} 2>&1"
+        "remax-bench launch {input.plan:q} --config {input.config:q} --out {output:q} --timeout-min {params.timeout_min:q}"
+        " > {log:q} 2>&1"

@@ -15,12 +15,12 @@ rule dschat_checkout:
     params:
         repository=config["dschat"]["repository"],
         commit=REMAX_COMMIT,
-        folders=" ".join(REMAX_FOLDERS),
+        folders=list(REMAX_FOLDERS),
     shell:
-        "(git init -q {output}"
-        " && git -C {output} remote add origin {params.repository:q}"
-        " && git -C {output} sparse-checkout set {params.folders}"
-        " && git -C {output} fetch -q --depth 1 origin {params.commit}"
-        " && git -C {output} checkout -q FETCH_HEAD"
-        ' && test "$(git -C {output} rev-parse HEAD)" = {params.commit}) > {log} 2>&1'
+        "(git init -q {output:q}"
+        " && git -C {output:q} remote add origin {params.repository:q}"
+        " && git -C {output:q} sparse-checkout set {params.folders:q}"
+        " && git -C {output:q} fetch -q --depth 1 origin {params.commit:q}"
+        " && git -C {output:q} checkout -q FETCH_HEAD"
+        ' && test "$(git -C {output:q} rev-parse HEAD)" = {params.commit:q}) > {log:q} 2>&1'
 

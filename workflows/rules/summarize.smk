@@ -11,5 +11,5 @@ rule summarize:
     conda:
         "../envs/harness.yaml"
     shell:
-        "remax-bench summarize --config {input.config} --metrics {input.metrics} --runs {input.runs}"
-        " --policy {input.policy} --out {output} > {log} 2>&1"
+        "remax-bench summarize --config {input.config:q} --metrics {input.metrics:q} --runs {input.runs:q}"
+        " --policy {input.policy:q} --out {output:q} > {log:q} 2>&1"

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,9 +48,10 @@ from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
+from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import REPO, ensure_env
-from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script
+from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script, shell_word
 
 NAME = "dschat"
 ENV = "dschat"  # workflows/envs/dschat.txt: the GPU run environment
@@ -286,7 +286,7 @@ def main_args(argv: list[str]) -> list[str]:
 
 def _checkout_check(checkout: Path) -> str:
     """launch.sh's check: refuse a checkout that is not the pinned, unedited official code."""
-    return f"""CHECKOUT={shlex.quote(str(checkout))}
+    return f"""CHECKOUT={shell_word(str(checkout))}
 HEAD=$(git -C "$CHECKOUT" rev-parse HEAD 2>&1 || true)
 if [ "$HEAD" != {REMAX_COMMIT} ]; then
   echo "$CHECKOUT: not the pinned ReMax checkout ({REMAX_COMMIT}; git rev-parse HEAD: $HEAD);" \\
@@ -407,7 +407,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 # torch >= 2.6 loads only weights by default; DeepSpeed-Chat caches its datasets as pickled objects
                 **({"DS_ACCELERATOR": "cpu", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"} if on_cpu(config) else {})}
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         _actor_dir(policy, tmp / "actor", actor)
         _export_data(dataset["train"] * settings["passes"], tmp / "data" / "train.json")

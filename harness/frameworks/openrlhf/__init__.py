@@ -24,7 +24,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -40,8 +39,9 @@ from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
+from harness.results.layout import plan_owner
 from harness.runtime import container, envs
-from harness.runtime.launch_script import launch_script
+from harness.runtime.launch_script import launch_script, shell_word, shell_words
 
 NAME = "openrlhf"
 VERSION = "0.11.2"
@@ -169,7 +169,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     env_vars = {"PYTHONUNBUFFERED": "1"}
     reward = plan_record(inputs["reward"], "served")
     run_id = f"{NAME}-{config['profile']}-s{seed}"
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         write_text(tmp / PROMPTS, "".join(json.dumps({"input": r["prompt"], "label": r["answer"]}) + "\n"
                                           for r in train[:n_prompts]))
@@ -181,8 +181,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
                   f"RUN_DIR/{LOG}",
             argv=argv, env_vars=env_vars, env_check=container.env_check(ENV, config, "python3"),
-            setup=SETUP.format(python3=shlex.join(container.env_command(ENV, config, "python3")), patch=PATCH,
-                               env_bin=shlex.quote(str(envs.ENV_ROOT / ENV / "bin"))),
+            setup=SETUP.format(python3=shell_words(container.env_command(ENV, config, "python3")), patch=PATCH,
+                               env_bin=shell_word(str(envs.ENV_ROOT / ENV / "bin"))),
             reward_server=server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),

@@ -31,6 +31,7 @@ from harness.inputs.policy import load_policy, seed_everything
 from harness.io import atomic_path, write_json
 from harness.results import metrics
 from harness.results.efficiency import cpu_matmul_peak, gpu_peak
+from harness.results.layout import run_owner
 from harness.reward.shared import SharedReward, load_shared_reward
 from harness.runtime.manifest import build_manifest
 
@@ -189,7 +190,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
     eval_before = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
     started = time.time()
 
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, owner=run_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         rows = []
         with open(tmp / STEP_LOG, "w") as log:

@@ -53,6 +53,7 @@ from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
+from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import REPO, ensure_env
 from harness.runtime.launch_script import RUN_DIR, launch_script
@@ -321,7 +322,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     }
     server = (server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
               if reward["scored_by"] == "served" else None)
-    with atomic_path(out_dir) as tmp:
+    with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
