@@ -77,6 +77,13 @@ def cmd_launch(args: argparse.Namespace) -> None:
     launch(args.plan_dir, args.out, args.timeout_min, _config(args))
 
 
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    from harness.runtime.reproduce import RECORD, reproduce
+
+    record = reproduce(args.run_dir, args.out, args.inputs, args.timeout_min)
+    print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
+
+
 def cmd_ingest(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
     from harness.results.metrics import write_metrics
@@ -271,6 +278,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout-min", type=float, required=True)
     with_config(sp)
     sp.set_defaults(func=cmd_launch)
+
+    sp = sub.add_parser("reproduce", help="run a finished run again from its manifest and say whether it reproduced "
+                                          "(identical, or the first divergent step); exit 2 naming what differs "
+                                          "when inputs, commit, packages or machine are not the recorded ones")
+    sp.add_argument("run_dir")
+    sp.add_argument("--out", required=True, help="the rerun's run directory (never the original)")
+    sp.add_argument("--inputs", help="the inputs directory (default: where the manifest's dataset is)")
+    sp.add_argument("--timeout-min", type=float, help="a planned framework's timeout (default: the config's)")
+    sp.set_defaults(func=cmd_reproduce)
 
     sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
     sp.add_argument("framework")

@@ -103,6 +103,10 @@ def validate_config(config: dict, source: str = "config") -> dict:
             f"{source}: at remax.warmup_steps: {config['remax']['warmup_steps']} leaves no measured step "
             f"out of remax.steps={config['remax']['steps']}"
         )
+    not_run = sorted(set(config["reproducibility"]["repeat_seeds"]) - set(config["seeds"]))
+    if not_run:
+        raise HarnessError(f"{source}: at reproducibility.repeat_seeds: seed(s) {not_run} are not in seeds "
+                           f"{config['seeds']}: only a run that exists can be repeated")
     if config["launch"]["device"] == "cpu" and config["launch"]["nnodes"] != 1:
         raise HarnessError(f"{source}: at launch.nnodes: a CPU run (launch.device cpu) is one machine, "
                            f"not {config['launch']['nnodes']} nodes")

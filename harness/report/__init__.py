@@ -17,6 +17,7 @@ from pathlib import Path
 from harness.io import atomic_path, write_text
 from harness.report import figures, page
 from harness.report.claims import claims_table, load_claims
+from harness.report.repeats import reproducibility_view
 from harness.report.runs import collect_runs, read_json, results_config, status_frame
 from harness.report.tables import (
     eval_accuracy,
@@ -64,5 +65,5 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
         reward_record=read_json(layout.path(results, layout.REWARD_RECORD), problems) if not truth.empty else None,
         fairness=fairness_table(config, runs), reward=reward_table(runs),
         conformance=read_conformance(results, problems), claims=claims_table(claims, runs, table, config),
-        problems=problems)
+        problems=problems, reproducibility=reproducibility_view(results, config, runs, problems))
     write_text(out / "index.html", page.html(data, pngs))

@@ -55,6 +55,7 @@ class PageData:
     conformance: pd.DataFrame | None
     claims: pd.DataFrame
     problems: list[str]
+    reproducibility: dict | None = None  # harness.report.repeats.reproducibility_view
 
 
 class Spread(NamedTuple):
@@ -238,6 +239,6 @@ def html(data: PageData, figures: dict[str, bytes]) -> str:
         conformance_columns=CONFORMANCE_COLUMNS,
         conformance=conformance_rows(data.conformance) if data.conformance is not None else None,
         run_setting=run_setting_words(config), claims=data.claims.to_dict("records"),
-        status=status_rows(data.runs), manifest=manifest_view(data.runs))
+        status=status_rows(data.runs), manifest=manifest_view(data.runs), reproducibility=data.reproducibility)
     # Characters beyond ASCII as references: the file reads the same whatever encoding the writer's locale has.
     return page.encode("ascii", "xmlcharrefreplace").decode("ascii")

@@ -24,6 +24,8 @@ IMAGE_RECORD = "images/{env}.json"
 PLAN = "plans/{framework}/seed{seed}"  # plan.json and launch.sh of a real framework's run
 RUN = "runs/{framework}/seed{seed}"  # a run's logs, manifest.json, eval.json
 METRICS = "metrics/{framework}/seed{seed}.parquet"  # a run's steps in the common schema
+# A repeat of a run (reproducibility.repeat_seeds): a run of its own, with reproduce.json comparing it to the original.
+REPEAT = "repeats/{framework}/seed{seed}-r{repeat}"
 SUMMARY = "summary.csv"
 CONFORMANCE = "conformance.csv"
 REPORT = "report"
@@ -36,6 +38,7 @@ ALERTS_JSON = "alerts.json"
 RUN_LOG = "logs/run/{framework}_seed{seed}.log"
 INGEST_LOG = "logs/ingest/{framework}_seed{seed}.log"
 PLAN_LOG = "logs/plan/{framework}_seed{seed}.log"
+REPEAT_LOG = "logs/repeat/{framework}_seed{seed}-r{repeat}.log"
 ENV_LOG = "logs/env/{env}.log"
 IMAGE_LOG = "logs/image/{env}.log"
 CHECKOUT_LOG = "logs/setup/{framework}_checkout.log"

@@ -78,6 +78,12 @@ def runnable_run_dirs():
     return [d for fw in RUNNABLE for d in run_dirs(fw)]
 
 
+def repeat_dirs():
+    rc = config["reproducibility"]
+    return [f"{RESULTS}/{layout.REPEAT.format(framework=fw, seed=s, repeat=k)}"
+            for fw in RUNNABLE for s in rc["repeat_seeds"] for k in range(2, rc["repeats"] + 1)]
+
+
 def final_outputs():
     return [
         f"{RESULTS}/{layout.SUMMARY}",

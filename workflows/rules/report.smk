@@ -2,6 +2,7 @@ rule report:
     input:
         config=rules.freeze_config.output[0],
         metrics=metric_files(),
+        repeats=repeat_dirs(),
         # optional: made by the `conformance` target; a new one re-renders the report
         conformance=[f"{RESULTS}/{layout.CONFORMANCE}"] if os.path.exists(f"{RESULTS}/{layout.CONFORMANCE}") else [],
     output:

@@ -160,6 +160,26 @@ def _sync_weights(src: torch.nn.Module, dst: torch.nn.Module) -> None:
         p_dst.copy_(p_src)
 
 
+# reproducibility.determinism strict: PyTorch's own switches (the reference backend is one process, no rollout engine).
+STRICT = [
+    {"knob": "CUBLAS_WORKSPACE_CONFIG=:4096:8", "source": "PyTorch 2.13 docs, Reproducibility (cuBLAS >= 10.2 needs a "
+     "fixed workspace for deterministic matmuls)"},
+    {"knob": "torch.use_deterministic_algorithms(True)", "source": "torch/__init__.py use_deterministic_algorithms "
+     "(PyTorch 2.13): nondeterministic kernels raise instead of running"},
+    {"knob": "torch.backends.cudnn.deterministic = True, benchmark = False",
+     "source": "torch/backends/cudnn/__init__.py (PyTorch 2.13): no autotuned algorithm choice"},
+]
+
+
+def _determinism(mode: str) -> dict:
+    """Apply reproducibility.determinism; the record the manifest keeps. Off still seeds python, numpy and torch."""
+    if mode == "strict":
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    return {"mode": mode, "knobs": STRICT if mode == "strict" else []}
+
+
 def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     """Train for config.remax.steps; write metrics.parquet, steps.jsonl, eval.json, manifest.json into out_dir.
 
@@ -174,6 +194,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
     run_id = f"{NAME}-{config['profile']}-s{seed}"
     framework_version = harness.__version__
 
+    determinism = _determinism(config["reproducibility"]["determinism"])
     seed_everything(seed)
     shared = load_shared_reward(inputs["reward"], device=config["reward"]["device"],
                                 batch_size=config["reward"]["batch_size"], max_length=config["reward"]["max_length"])
@@ -209,6 +230,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
         write_json(tmp / "manifest.json", build_manifest(
             framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
             inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads(),
+                                  "determinism": determinism,
                    "timed_window": {"start": started, "end": finished}, **({"peak_flops": peak} if peak else {})},
         ))
 

@@ -1,0 +1,54 @@
+"""The report's Reproducibility section (docs/reproducibility.md): each repeat's verdict against its original
+(results/repeats/*/*/reproduce.json), and per framework the spread between repeats of one seed beside the spread
+between seeds, so a reader sees whether a difference between frameworks is larger than a framework's own noise."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from harness.report.runs import Run, read_json
+from harness.report.tables import fmt
+from harness.results import layout
+from harness.results.reproducibility import run_figures, spread_rows
+from harness.runtime.reproduce import RECORD, run_steps
+
+DIGITS = {"curve": 3, "final_reward": 3, "eval_accuracy": 3, "tokens_per_s": 0}
+
+
+def reproducibility_view(results: Path, config: dict, runs: list[Run], problems: list[str]) -> dict | None:
+    """{"determinism", "verdicts": [...], "spreads": [...]}; None when the profile repeats no seed."""
+    rc = config["reproducibility"]
+    if not rc["repeat_seeds"]:
+        return None
+    warmup = config["remax"]["warmup_steps"]
+    verdicts, spreads = [], []
+    for fw in config["frameworks"]:
+        done = {r.seed: r for r in runs if r.framework == fw and r.metrics is not None}
+        originals = {seed: run_figures(r.steps, layout.path(results, layout.RUN, framework=fw, seed=seed)
+                                       / "eval.json", warmup) for seed, r in done.items()}
+        repeats: dict[int, list[dict]] = {}
+        for seed in rc["repeat_seeds"]:
+            for k in range(2, rc["repeats"] + 1):
+                repeat_dir = layout.path(results, layout.REPEAT, framework=fw, seed=seed, repeat=k)
+                record = read_json(repeat_dir / RECORD, problems)
+                verdicts.append({"framework": fw, "seed": seed, "repeat": k,
+                                 "verdict": record["verdict"] if record else "not run",
+                                 "text": record["text"] if record else
+                                 f"no {RECORD} (see {layout.REPEAT_LOG.format(framework=fw, seed=seed, repeat=k)})"})
+                if record:
+                    repeats.setdefault(seed, []).append(run_figures(run_steps(repeat_dir, fw),
+                                                                    repeat_dir / "eval.json", warmup))
+        if repeats and originals:
+            spreads += [{"framework": fw, "figure": row["figure"],
+                         "between_repeats": fmt(row["between_repeats"], DIGITS[key]),
+                         "between_seeds": fmt(row["between_seeds"], DIGITS[key]),
+                         "cls": "mismatch" if _larger(row) else ""}
+                        for key, row in zip(DIGITS, spread_rows(originals, repeats))]
+    return {"determinism": rc["determinism"], "verdicts": verdicts, "spreads": spreads}
+
+
+def _larger(row: dict) -> bool:
+    """Run-to-run noise of one seed at least as large as seed noise: a difference between frameworks needs both."""
+    a, b = row["between_repeats"], row["between_seeds"]
+    return not (math.isnan(a) or math.isnan(b)) and a >= b > 0

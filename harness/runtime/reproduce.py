@@ -1,0 +1,115 @@
+"""`remax-bench reproduce RUN_DIR`: run a finished run again from what its manifest recorded, and say whether it
+reproduced (docs/reproducibility.md).
+
+First what the run depended on is checked against now: every input by sha256, the harness commit, the packages of
+the environment the run used (the harness's for an embedded backend, the framework's own for a planned one) and the
+machine. Any difference stops it before it runs ("could not reproduce", exit 2), naming each difference: a rerun on
+other inputs or versions says nothing about determinism. Otherwise the run is made again, with its recorded config and
+seed, into a directory of its own (never over the original), and compared step by step with the original
+(harness.results.reproducibility): identical, or the first step and metric where it diverged, with both values.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.config import validate_config
+from harness.frameworks import get_adapter
+from harness.inputs import resolve_inputs
+from harness.io import config_hash, read_json_object, write_json
+from harness.results.metrics import read_metrics
+from harness.results.reproducibility import first_divergence, verdict_text
+from harness.runtime.launch import environment_packages, launch
+from harness.runtime.manifest import git_commit, hardware, package_versions
+
+RECORD = "reproduce.json"
+
+
+def _changed(what: str, recorded: dict, now: dict) -> list[str]:
+    return [f"{what} {k}: recorded {recorded.get(k)!r}, now {now.get(k)!r}"
+            for k in sorted(set(recorded) | set(now)) if recorded.get(k) != now.get(k)]
+
+
+def _freeze(lines: list[str] | None) -> dict:
+    """`pip freeze` lines as {package: version}."""
+    return dict(line.partition("==")[::2] for line in lines or [])
+
+
+def differences(manifest: dict, config: dict, inputs_dir: Path) -> list[str]:
+    """What differs between the run's recorded world and this machine now; empty when the rerun is a fair test."""
+    out = []
+    if config_hash(config) != manifest["config_hash"]:
+        out.append(f"config: the recorded config hashes to {config_hash(config)}, the manifest says "
+                   f"{manifest['config_hash']}")
+    try:
+        now = resolve_inputs(inputs_dir)
+    except HarnessError as e:
+        out.append(f"inputs: {e}")
+    else:
+        out += [f"input {name}: sha256 recorded {rec.get('sha256')}, now {now.get(name, {}).get('sha256')}"
+                for name, rec in manifest["inputs"].items() if rec.get("sha256") != now.get(name, {}).get("sha256")]
+    recorded_git, git = manifest.get("git", {}), git_commit()
+    if recorded_git.get("commit") != git["commit"]:
+        out.append(f"harness commit: recorded {recorded_git.get('commit')}, now {git['commit']}")
+    env = manifest.get("environment")
+    if env is None:  # an embedded backend runs in the harness's environment
+        recorded = manifest.get("versions", {})
+        out += _changed("package", recorded, package_versions([k for k in recorded if k not in ("harness", "python")]))
+    else:
+        out += _changed("package of environment " + str(env.get("name")), _freeze(env.get("packages")),
+                        _freeze(environment_packages(env.get("name"), config)))
+    recorded_hw, hw = manifest.get("hardware", {}), hardware()
+    out += _changed("machine", {k: recorded_hw.get(k) for k in hw}, hw)
+    return out
+
+
+def run_steps(run_dir: Path, framework: str) -> pd.DataFrame:
+    """A run directory's steps in the common schema."""
+    own = run_dir / "metrics.parquet"  # an embedded backend writes its metrics; a framework's are ingested
+    if own.is_file():
+        return read_metrics(own)
+    adapter = get_adapter(framework)
+    return adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
+
+
+def reproduce(run_dir: str | Path, out: str | Path, inputs_dir: str | Path | None = None,
+              timeout_min: float | None = None) -> dict:
+    """Run `run_dir` again into `out`; the record written to out/RECORD. HarnessError when it cannot be a fair
+    rerun (naming every difference) or when `out` is the original."""
+    run_dir, out = Path(run_dir), Path(out)
+    if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
+        raise HarnessError(f"{out}: the rerun would overwrite the original run {run_dir}; give another --out")
+    manifest = read_json_object(run_dir / "manifest.json", "manifest", " (not a finished run directory)")
+    framework, seed = manifest["framework"], manifest["seed"]
+    config = validate_config(manifest["config"], source=f"{run_dir}/manifest.json config")
+    inputs_dir = Path(inputs_dir) if inputs_dir else Path(manifest["inputs"]["dataset"]["path"]).parent
+    found = differences(manifest, config, inputs_dir)
+    if found:
+        raise HarnessError(f"{run_dir}: could not reproduce: " + "; ".join(found))
+    original = run_steps(run_dir, framework)
+    adapter = get_adapter(framework)
+    if adapter.run is not None:
+        adapter.run(config, seed, out, inputs_dir)
+    else:
+        plan_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.plan.", dir=out.parent if out.parent.exists() else None))
+        try:
+            assert adapter.plan is not None  # every adapter is embedded or planned (registry)
+            adapter.plan(config, seed, plan_dir / "plan", inputs_dir)
+            launch(plan_dir / "plan", out, timeout_min or config["launch"]["timeout_min"], config)
+        finally:
+            shutil.rmtree(plan_dir, ignore_errors=True)
+    divergence = first_divergence(original, run_steps(out, framework))
+    record = {"original": str(run_dir), "repeat": str(out), "framework": framework, "seed": seed,
+              "run_id": manifest["run_id"], "determinism": config["reproducibility"]["determinism"],
+              "verdict": "identical" if divergence is None else "diverged", "divergence": divergence,
+              "text": verdict_text(divergence), "compared": "per-step behaviour (rewards, KL, tokens, lengths, "
+              "accuracy); sampled responses are not in the common schema",
+              "caveats": ["the original ran from a working tree with uncommitted changes: its commit does not pin "
+                          "its code"] if manifest.get("git", {}).get("dirty") else []}
+    write_json(out / RECORD, record)
+    return record
