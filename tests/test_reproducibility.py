@@ -1,0 +1,157 @@
+"""Whether a run reproduces (docs/reproducibility.md): `remax-bench reproduce`, the comparison it makes, repeats in the
+report, and the reference backend under `reproducibility.determinism: strict`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import REPO, run_cli, snakemake
+
+from harness import cli, remax
+from harness.io import sha256_tree
+from harness.report import render
+from harness.results import layout
+from harness.results.metrics import read_metrics
+from harness.results.reproducibility import BEHAVIOUR, first_divergence, verdict_text
+from harness.runtime.reproduce import RECORD
+
+TINY = {"profile": "tiny", "seeds": [1, 2], "task": {"n_train": 64, "n_eval": 8},
+        "policy": {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
+                   "sft": {"steps": 1, "batch_size": 8}},
+        "remax": {"steps": 6, "warmup_steps": 1, "train_batch_size": 4, "rollout_n": 2},
+        "reference": {"eval_batch_size": 8},
+        "reproducibility": {"determinism": "strict", "repeat_seeds": [1]}}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """A results directory as the pipeline leaves it for TINY, by the CLI: config, inputs, both seeds' runs and
+    metrics (no repeat yet)."""
+    root = tmp_path_factory.mktemp("repro")
+    res = root / "results"
+    proc = run_cli("freeze-config", "--json", json.dumps(TINY), "--out", res / "config.json")
+    assert proc.returncode == 0, proc.stderr
+    for what in ("dataset", "policy", "reward"):
+        assert run_cli("inputs", what, "--config", res / "config.json", "--inputs", res / "inputs").returncode == 0
+    for seed in TINY["seeds"]:
+        run = layout.path(res, layout.RUN, framework="reference", seed=seed)
+        proc = run_cli("run", "reference", "--config", res / "config.json", "--seed", seed, "--out", run,
+                       "--inputs", res / "inputs")
+        assert proc.returncode == 0, proc.stderr
+        assert run_cli("ingest", "reference", run, "--out",
+                       layout.path(res, layout.METRICS, framework="reference", seed=seed)).returncode == 0
+    return res
+
+
+def steps(**columns):
+    base = {"step": [1, 2, 3], **{m: [0.5, 0.5, 0.5] for m in BEHAVIOUR}}
+    return pd.DataFrame({**base, **columns})
+
+
+def test_first_divergence_names_the_step_the_metric_and_both_values():
+    assert first_divergence(steps(), steps()) is None
+    assert first_divergence(steps(task_accuracy_mean=[math.nan] * 3), steps(task_accuracy_mean=[math.nan] * 3)) is None
+    found = first_divergence(steps(), steps(kl_mean=[0.5, 0.5, 0.5000001], reward_mean=[0.5, 0.5, 0.6]))
+    assert found == {"step": 3, "metric": "reward_mean", "original": 0.5, "repeat": 0.6}  # BEHAVIOUR's order
+    assert verdict_text(found) == "diverged at step 3 on reward_mean (0.5 against 0.6)"
+    short = first_divergence(steps(), steps().iloc[:2])
+    assert short == {"step": 3, "metric": "step", "original": True, "repeat": False}
+
+
+def test_a_strict_repeat_of_the_reference_is_identical_and_lands_in_the_report(results):
+    original = layout.path(results, layout.RUN, framework="reference", seed=1)
+    repeat = layout.path(results, layout.REPEAT, framework="reference", seed=1, repeat=2)
+    proc = run_cli("reproduce", original, "--out", repeat)
+    assert proc.returncode == 0, proc.stderr
+    assert "reference-tiny-s1: identical" in proc.stdout
+    record = json.loads((repeat / RECORD).read_text())
+    assert record["verdict"] == "identical" and record["determinism"] == "strict"
+    a, b = read_metrics(original / "metrics.parquet"), read_metrics(repeat / "metrics.parquet")
+    pd.testing.assert_frame_equal(a[["step", *BEHAVIOUR]], b[["step", *BEHAVIOUR]])  # bitwise, not approximately
+    manifest = json.loads((repeat / "manifest.json").read_text())
+    assert manifest["determinism"]["mode"] == "strict"
+    assert any("use_deterministic_algorithms" in k["knob"] for k in manifest["determinism"]["knobs"])
+    render(results, results / "report")
+    page = (results / "report" / "index.html").read_text()
+    section = page[page.index("7. Reproducibility"):]
+    assert "determinism <b>strict</b>" in section and "<b>identical</b>" in section
+    assert "between seeds" in section
+
+
+def test_an_injected_nondeterministic_update_is_named_at_the_first_step_it_shows(results, tmp_path, monkeypatch):
+    """The update of step 3 gets noise from an unseeded generator, in this test only; step 3's own figures were
+    computed before it, so the first step that can differ is step 4 (its samples and log-probs use the new
+    weights)."""
+    calls = {"n": 0}
+    exact = remax.remax_advantages
+
+    def noisy(*args, **kwargs):
+        calls["n"] += 1
+        out = exact(*args, **kwargs)
+        if calls["n"] == 3:
+            g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+            out = out + 1e-3 * torch.rand(out.shape, generator=g)
+        return out
+
+    monkeypatch.setattr(remax, "remax_advantages", noisy)
+    original = layout.path(results, layout.RUN, framework="reference", seed=1)
+    out = tmp_path / "seed1-noisy"
+    assert cli.main(["reproduce", str(original), "--out", str(out)]) == 0
+    record = json.loads((out / RECORD).read_text())
+    assert record["verdict"] == "diverged" and record["divergence"]["step"] == 4, record
+    assert record["divergence"]["metric"] in BEHAVIOUR
+    assert record["text"].startswith("diverged at step 4 on ")
+
+
+def test_reproduce_refuses_a_changed_input_or_package_naming_it_and_touches_nothing(results, tmp_path):
+    original = layout.path(results, layout.RUN, framework="reference", seed=2)
+    before = {p: sha256_tree(p) for p in original.rglob("*") if p.is_file()}
+
+    manifest_path = original / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    other_run = tmp_path / "other-run"  # the run as a machine with another torch recorded it
+    other_run.mkdir()
+    for p in original.iterdir():
+        (other_run / p.name).write_bytes(p.read_bytes())
+    manifest["versions"]["torch"] = "2.12.0"
+    (other_run / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("reproduce", other_run, "--out", tmp_path / "r1")
+    assert proc.returncode == 2 and "could not reproduce" in proc.stderr
+    assert f"package torch: recorded '2.12.0', now '{importlib.metadata.version('torch')}'" in proc.stderr
+    assert not (tmp_path / "r1").exists()
+
+    dataset = results / "inputs" / "dataset.jsonl"
+    saved = dataset.read_bytes()
+    try:
+        dataset.write_bytes(saved.replace(b"+", b"-", 1))  # one prompt edited after the run
+        proc = run_cli("reproduce", original, "--out", tmp_path / "r2")
+    finally:
+        dataset.write_bytes(saved)
+    assert proc.returncode == 2 and "could not reproduce" in proc.stderr
+    assert "dataset.jsonl: sha256 mismatch" in proc.stderr
+    assert not (tmp_path / "r2").exists()
+
+    proc = run_cli("reproduce", original, "--out", original)
+    assert proc.returncode == 2 and "would overwrite the original run" in proc.stderr
+    assert {p: sha256_tree(p) for p in original.rglob("*") if p.is_file()} == before
+
+
+def test_repeats_are_pipeline_runs_of_their_own(tmp_path):
+    """`snakemake -n` lists one repeat job per framework and repeated seed beyond the original."""
+    extra = tmp_path / "repeat.yaml"
+    extra.write_text(yaml.safe_dump({"reproducibility": {"repeat_seeds": [1, 2], "repeats": 3}}))
+    proc = snakemake(tmp_path, "-n", "--configfile", REPO / "workflows" / "config" / "micro.yaml", extra)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("rule repeat:") == 4, proc.stdout[-3000:]  # 2 seeds x 2 repeats of the reference
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"reproducibility": {"repeat_seeds": [7]}}))
+    proc = snakemake(tmp_path, "-n", "--configfile", REPO / "workflows" / "config" / "micro.yaml", bad)
+    assert proc.returncode != 0
+    assert "at reproducibility.repeat_seeds: seed(s) [7] are not in seeds" in proc.stdout + proc.stderr
