@@ -13,13 +13,17 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, run_cli, snakemake
+from test_injection import setting  # noqa: F401 (a fixture: small inputs every planned framework accepts)
 
 from harness import cli, remax
+from harness.config import validate_config
+from harness.frameworks import get_adapter
 from harness.io import sha256_tree
 from harness.report import render
 from harness.results import layout
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import BEHAVIOUR, first_divergence, verdict_text
+from harness.runtime import envs
 from harness.runtime.reproduce import RECORD
 
 TINY = {"profile": "tiny", "seeds": [1, 2], "task": {"n_train": 64, "n_eval": 8},
@@ -155,3 +159,35 @@ def test_repeats_are_pipeline_runs_of_their_own(tmp_path):
     proc = snakemake(tmp_path, "-n", "--configfile", REPO / "workflows" / "config" / "micro.yaml", bad)
     assert proc.returncode != 0
     assert "at reproducibility.repeat_seeds: seed(s) [7] are not in seeds" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_strict_maps_to_each_frameworks_own_knobs_with_their_sources(setting, tmp_path, monkeypatch, device):  # noqa: F811
+    """Each plan under strict carries its framework's knobs in its command or environment, records them with the
+    source line that reads them, and states what stays nondeterministic as a deviation; under off it adds none."""
+    monkeypatch.setattr(envs, "ENV_ROOT", setting["venvs"])
+    raw = {**setting["raw"], "launch": {"device": device, "gpus_per_node": 0 if device == "cpu" else 1}}
+    frameworks = ["verl", "dschat"] + (["openrlhf"] if device == "gpu" else [])
+    for mode in ("off", "strict"):
+        config = validate_config({**raw, "reproducibility": {"determinism": mode}})
+        for fw in frameworks:
+            out = tmp_path / device / mode / fw
+            get_adapter(fw).plan(config, 1, out, setting["inputs"])
+            plan = json.loads((out / "plan.json").read_text())
+            record = plan["determinism"]
+            assert record["mode"] == mode
+            if mode == "off":
+                assert record["knobs"] == [] and record["not_strict"] is None
+                continue
+            assert record["knobs"] and all(k["source"] and k["does"] for k in record["knobs"])
+            words = " ".join(plan["argv"]) + " " + " ".join(f"{k}={v}" for k, v in plan["env_vars"].items())
+            for knob in record["knobs"]:
+                assert any(part in words for part in knob["knob"].replace("{actor,ref}", "actor").split(", ")), \
+                    (fw, knob["knob"])
+            stated = [d for d in plan["deviations"] if d["key"] == "reproducibility.determinism"]
+            assert bool(stated) == bool(record["not_strict"]) and all(d["cause"] for d in stated)
+            if fw != "verl" or device == "cpu":  # verl on a GPU has a knob for every part
+                assert record["not_strict"], fw
+    gpu_verl = json.loads((tmp_path / "gpu" / "strict" / "verl" / "plan.json").read_text()) if device == "gpu" else None
+    if gpu_verl:
+        assert "actor_rollout_ref.rollout.full_determinism=True" in gpu_verl["argv"]

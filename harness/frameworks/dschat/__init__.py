@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
+from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.dschat import launcher as dschat_launcher
 from harness.frameworks.registry import (
     PLAN_IDENTITY,
@@ -224,6 +225,18 @@ CPU_BF16 = {"key": "dschat.bf16", "shared": False, "effective": True,
             "cause": "DeepSpeed-Chat trains in fp16 unless --actor_bf16, and DeepSpeed's cpu accelerator has no fp16"}
 
 
+# reproducibility.determinism strict. The ReMax code and DeepSpeed 0.19.8 have no determinism switch (main.py's --seed,
+# always planned, seeds python, numpy and torch: utils/utils.py:102-108); torch's own switches are applied by the
+# harness's launcher before main.py runs.
+STRICT = [Knob("torch.use_deterministic_algorithms(True), cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8",
+               "nondeterministic torch kernels raise instead of running; set by the harness's launcher, in main.py's "
+               "process",
+               "dschat/launcher.py main (DETERMINISTIC_ENV); torch/__init__.py:1388 (PyTorch 2.13)",
+               env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", dschat_launcher.DETERMINISTIC_ENV: "1"})]
+NOT_STRICT = ("DeepSpeed-Chat's sampling (remax_trainer.py:91-95: do_sample with top_p 0.9, no per-request seed) and "
+              "DeepSpeed's collectives: neither the ReMax code nor DeepSpeed 0.19.8 has a determinism switch")
+
+
 def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Path, reward: dict,
                env: str) -> list[str]:
     rc, dc = config["remax"], config[NAME]
@@ -407,6 +420,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 # torch >= 2.6 loads only weights by default; DeepSpeed-Chat caches its datasets as pickled objects
                 **({"DS_ACCELERATOR": "cpu", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"} if on_cpu(config) else {})}
+    _, strict_env, determinism_record, strict_deviations = determinism(config, STRICT, NOT_STRICT)
+    env_vars.update(strict_env)
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         _actor_dir(policy, tmp / "actor", actor)
@@ -434,7 +449,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "batches_per_epoch": settings["batches"],
             "hyperparameters": _hyperparameters(config, seed, settings),
             "deviations": _deviations(config) + (CPU_DEVIATIONS if on_cpu(config) else [])
-                          + ([CPU_BF16] if on_cpu(config) and not config[NAME]["bf16"] else []),
+                          + ([CPU_BF16] if on_cpu(config) and not config[NAME]["bf16"] else []) + strict_deviations,
+            "determinism": determinism_record,
             "reward": reward,
         })
 

