@@ -15,14 +15,19 @@ import yaml
 from conftest import REPO, run_cli, snakemake
 from test_injection import setting  # noqa: F401 (a fixture: small inputs every planned framework accepts)
 
-from harness import cli, remax
+from harness import HarnessError, cli, remax
 from harness.config import validate_config
 from harness.frameworks import get_adapter
+from harness.frameworks.reference.backend import evaluate
+from harness.frameworks.reference.model import Decoder
+from harness.inputs import resolve_inputs, task
+from harness.inputs.policy import load_policy
 from harness.io import sha256_tree
 from harness.report import render
 from harness.results import layout
 from harness.results.metrics import read_metrics
-from harness.results.reproducibility import BEHAVIOUR, first_divergence, verdict_text
+from harness.results.reproducibility import BEHAVIOUR, first_divergence, greedy_responses, step0_agreement, verdict_text
+from harness.reward.shared import load_shared_reward
 from harness.runtime import envs
 from harness.runtime.reproduce import RECORD
 
@@ -191,3 +196,39 @@ def test_strict_maps_to_each_frameworks_own_knobs_with_their_sources(setting, tm
     gpu_verl = json.loads((tmp_path / "gpu" / "strict" / "verl" / "plan.json").read_text()) if device == "gpu" else None
     if gpu_verl:
         assert "actor_rollout_ref.rollout.full_determinism=True" in gpu_verl["argv"]
+
+
+def test_step0_agreement_is_exact_between_reference_seeds_and_catches_a_policy_padded_on_the_right(results):
+    """Greedy decoding of one policy on one set of prompts is a function of the weights, whatever the seed, so two
+    reference runs agree on every prompt before training. Padding on the right, the fault of a framework that
+    batches a decoder-only model the wrong way, shifts the shorter prompts' positions: step-0 agreement names one."""
+    stored = {seed: json.loads((layout.path(results, layout.RUN, framework="reference", seed=seed)
+                                / "eval.json").read_text()) for seed in TINY["seeds"]}
+    first, second = (greedy_responses(stored[s], f"seed {s}") for s in TINY["seeds"])
+    assert first is not None and second is not None and len(first) == TINY["task"]["n_eval"]
+    assert step0_agreement(first, second) == {"n": len(first), "agree": len(first), "missing": 0, "first": None}
+
+    config = json.loads((results / "config.json").read_text())
+    inputs = resolve_inputs(results / "inputs")
+    rows = task.read_dataset(inputs["dataset"]["path"])["eval"]
+    shared = load_shared_reward(inputs["reward"])
+    policy, tokenizer = load_policy(inputs["policy"]["path"], torch.device("cpu"))
+    model = Decoder(policy).eval()
+
+    def responses() -> dict[str, str]:
+        record = evaluate(model, tokenizer, rows, config["remax"], len(rows), torch.device("cpu"), shared)
+        return greedy_responses({"before": record}, "this test") or {}
+
+    assert step0_agreement(first, responses())["agree"] == len(first)
+    tokenizer.padding_side = "right"
+    padded_right = step0_agreement(first, responses())
+    assert padded_right["missing"] == 0 and padded_right["agree"] < len(first), padded_right
+    assert padded_right["first"]["reference"] != padded_right["first"]["framework"]
+    longest = max(len(tokenizer(p)["input_ids"]) for p in first)
+    assert len(tokenizer(padded_right["first"]["prompt"])["input_ids"]) < longest  # only a padded prompt moves
+
+
+def test_responses_that_are_not_prompt_response_strings_are_refused_naming_the_file():
+    with pytest.raises(HarnessError, match=r"eval\.json: before\.responses is not a list"):
+        greedy_responses({"before": {"responses": [{"prompt": "1+1=", "response": 2}]}}, "eval.json")
+    assert greedy_responses({"before": {"greedy_accuracy": 0.5}}, "eval.json") is None  # kept no responses

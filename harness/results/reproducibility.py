@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import HarnessError
 from harness.results.summarize import edge_means, read_eval, reward_curve
 
 BEHAVIOUR = ("reward_mean", "reward_baseline_mean", "kl_mean", "tokens_prompt", "tokens_response", "tokens_baseline",
@@ -82,3 +83,33 @@ def spread_rows(originals: dict[int, dict], repeats: dict[int, list[dict]]) -> l
     repeat_pairs = [(originals[s], r) for s, rs in repeats.items() for r in rs]
     return [{"figure": label, "between_repeats": _largest(repeat_pairs, figure),
              "between_seeds": _largest(seed_pairs, figure)} for figure, label in FIGURES.items()]
+
+
+def greedy_responses(evaluation: dict, where: str | Path) -> dict[str, str] | None:
+    """{prompt: greedy response} of the eval record's pass before training (eval.json's before.responses); None where
+    the framework's evaluation keeps no responses."""
+    rows = evaluation.get("before", {}).get("responses")
+    if rows is None:
+        return None
+    if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("prompt"), str) and isinstance(r.get("response"), str)
+            for r in rows):
+        raise HarnessError(f"{where}: before.responses is not a list of {{prompt, response}} strings")
+    return {r["prompt"].strip(): r["response"].strip() for r in rows}
+
+
+def step0_agreement(reference: dict[str, str], responses: dict[str, str]) -> dict:
+    """How many eval prompts a framework answers, before training, with the reference backend's greedy response:
+    {"n", "agree", "missing", "first"}; "first" is the first prompt (in the reference's order) answered otherwise, with
+    both responses, or None. The policy, prompts and decoding are the same, so a difference is in how the framework
+    loads, pads, tokenizes or computes, and it is caught before its throughput is compared."""
+    agree, missing, first = 0, 0, None
+    for prompt, expected in reference.items():
+        got = responses.get(prompt)
+        if got is None:
+            missing += 1
+        elif got == expected:
+            agree += 1
+        elif first is None:
+            first = {"prompt": prompt, "reference": expected, "framework": got}
+    return {"n": len(reference), "agree": agree, "missing": missing, "first": first}

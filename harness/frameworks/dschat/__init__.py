@@ -563,6 +563,8 @@ def evaluation(run_dir: Path) -> dict | None:
         record = json.loads(path.read_text())
         points = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
                       "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+        if "responses" in record["before"]:
+            points["before"]["responses"] = record["before"]["responses"]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise HarnessError(f"{path}: not the launcher's evaluation record ({e!r})") from None
     return {"run_id": run_plan(path, NAME)["run_id"], "split": "eval",

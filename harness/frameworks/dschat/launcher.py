@@ -470,7 +470,7 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
 
     def point(path: str) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-        hits, total = 0, 0.0
+        hits, total, kept = 0, 0.0, []
         stops = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
         for i in range(0, len(rows), batch_size):
             batch = rows[i:i + batch_size]
@@ -484,7 +484,9 @@ def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None
                                 for r, n in zip(responses.tolist(), response_lengths(responses, stops))]
             hits += sum(shared_reward.correct(t, r["answer"]) for t, r in zip(texts, batch))
             total += sum(scorer._score([r["prompt"] for r in batch], texts, [r["answer"] for r in batch]))
-        return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
+            kept += [{"prompt": r["prompt"], "response": t} for r, t in zip(batch, texts)]
+        return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows),
+                "responses": kept}
 
     record = {"before": point(flag("--actor_model_name_or_path")),
               "after": point(os.path.join(flag("--output_dir"), "actor"))}

@@ -134,8 +134,9 @@ def _decode(tokenizer: PreTrainedTokenizerBase, response: torch.Tensor, mask: to
 
 def evaluate(model: Decoder, tokenizer: PreTrainedTokenizerBase, rows: list[dict], remax_cfg: dict, batch_size: int,
              device: torch.device, shared: SharedReward) -> dict:
-    """Greedy accuracy (the task's truth) and mean shared reward on `rows` (untimed; not part of any step)."""
-    hits, total = 0, 0.0
+    """Greedy accuracy (the task's truth), mean shared reward and each prompt's greedy response on `rows` (untimed; not
+    part of any step). The responses before training are what step-0 agreement compares other frameworks with."""
+    hits, total, kept = 0, 0.0, []
     for i in range(0, len(rows), batch_size):
         batch = rows[i:i + batch_size]
         prompts, answers = [r["prompt"] for r in batch], [r["answer"] for r in batch]
@@ -143,7 +144,8 @@ def evaluate(model: Decoder, tokenizer: PreTrainedTokenizerBase, rows: list[dict
         texts = _decode(tokenizer, response, remax.response_mask(response, tokenizer.eos_token_id))
         hits += sum(reward.correct(t, a) for t, a in zip(texts, answers))
         total += sum(shared.score(prompts, texts, answers))
-    return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows)}
+        kept += [{"prompt": p, "response": t} for p, t in zip(prompts, texts)]
+    return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows), "responses": kept}
 
 
 def _busy_wait(seconds: float) -> None:

@@ -52,7 +52,7 @@ from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.registry import PLAN_IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
-from harness.io import atomic_path, write_json, write_text
+from harness.io import atomic_path, read_jsonl, write_json, write_text
 from harness.results import metrics
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
@@ -64,6 +64,7 @@ VERSION = "0.9.1"
 ENV = "verl"  # workflows/envs/verl.txt: the GPU node's environment
 VALIDATE_ENV = "verl-validate"  # workflows/envs/verl-validate.txt: CPU, config composition and core_algos only
 METRICS_LOG = "verl_metrics.jsonl"  # verl's file logger output, inside the run directory
+VALIDATION_GENERATIONS = "validation_generations"  # trainer.validation_data_dir, inside the run directory
 REWARD_BRIDGE = Path(__file__).with_name("reward_function.py")
 # The function of REWARD_BRIDGE that scores, by kind of shared reward, and how it scores.
 REWARD_FUNCTION = {"rule": "compute_score", "model": "compute_score_served"}
@@ -168,6 +169,9 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         # rollout.val_kwargs' defaults) before the first step and after the last, outside verl's step timer.
         # A timed benchmark: no checkpoints, never resume an earlier run's state.
         "trainer.val_before_train=True",
+        # Its greedy responses, for step-0 agreement with the reference (ray_trainer._write_generations: one
+        # {global_steps}.jsonl per validation pass, 0.jsonl before the first step).
+        f"trainer.validation_data_dir={_hydra_value(f'{RUN_DIR}/{VALIDATION_GENERATIONS}')}",
         f"trainer.test_freq={rc['steps']}",
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
@@ -496,8 +500,18 @@ def evaluation(run_dir: Path) -> dict | None:
                 "step": step}
 
     (first_step, first), (last_step, last) = records[0], records[-1]
+    before = point(first_step, first)
+    generations = Path(run_dir) / VALIDATION_GENERATIONS / f"{first_step}.jsonl"
+    if generations.is_file():
+        # The prompt verl decoded (skip_special_tokens) is the shared prompt: RAW_PROMPT_TEMPLATE adds only BOS.
+        before["responses"] = []
+        for n, r in read_jsonl(generations, "not a line of verl's validation generations"):
+            if not (isinstance(r, dict) and isinstance(r.get("input"), str) and isinstance(r.get("output"), str)):
+                raise HarnessError(f"{generations}:{n}: not a line of verl's validation generations "
+                                   "(ray_trainer._write_generations: input and output strings)")
+            before["responses"].append({"prompt": r["input"], "response": r["output"]})
     return {"run_id": run_plan(log, NAME)["run_id"], "split": "eval", "source": "verl validation (val-core)",
-            "before": point(first_step, first), "after": point(last_step, last)}
+            "before": before, "after": point(last_step, last)}
 
 
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
