@@ -84,6 +84,55 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
 
 
+def _ab_limits(args: argparse.Namespace) -> dict:
+    return {"seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
+            "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha}
+
+
+def _repo() -> Path:
+    from harness.regression.ab import git
+
+    return Path(git(Path.cwd(), "rev-parse", "--show-toplevel"))
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from harness.regression.ab import EXIT, PAGE, Arm, compare
+
+    arms = [Arm(label, spec, _json_arg(override, f"--{label.lower()}-set")) for label, spec, override in
+            (("A", args.a, args.a_set), ("B", args.b, args.b_set))]
+    record = compare(_repo(), Path(args.config), arms[0], arms[1], Path(args.out), split=args.split,
+                     **_ab_limits(args))
+    print(f"{record['verdict']['text']} ({args.out}/{PAGE})")
+    return EXIT[record["verdict"]["verdict"]]
+
+
+def cmd_bisect(args: argparse.Namespace) -> None:
+    from harness.regression.ab import bisect
+
+    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds"]
+    ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []
+    bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args)
+
+
+def _json_arg(text: str | None, flag: str) -> dict:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"{flag}: not JSON ({e.msg} at character {e.pos}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise HarnessError(f"{flag}: a JSON object of config keys, e.g. '{{\"remax\": {{\"steps\": 40}}}}'")
+    return value
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds: comma-separated integers, not {text!r}") from None
+
+
 def cmd_ingest(args: argparse.Namespace) -> None:
     from harness.frameworks import get_adapter
     from harness.results.metrics import write_metrics
@@ -287,6 +336,36 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--inputs", help="the inputs directory (default: where the manifest's dataset is)")
     sp.add_argument("--timeout-min", type=float, help="a planned framework's timeout (default: the config's)")
     sp.set_defaults(func=cmd_reproduce)
+
+    def ab_options(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", required=True, help="the profile both arms run (YAML; the reference backend)")
+        sp.add_argument("--out", required=True)
+        sp.add_argument("--seeds", type=_seed_list, help="seeds, comma-separated (default: the config's)")
+        sp.add_argument("--max-pairs", type=int, default=12, help="hard cap on pairs (default: %(default)s)")
+        sp.add_argument("--min-pairs", type=int, default=3, help="pairs before the first look (default: %(default)s)")
+        sp.add_argument("--max-minutes", type=float, default=15.0, help="hard cap on time (default: %(default)s)")
+        sp.add_argument("--resolution", type=float, default=0.03,
+                        help="'no difference' needs the interval within this fraction (default: %(default)s)")
+        sp.add_argument("--alpha", type=float, default=0.01,
+                        help="chance that A against A is called different, over all looks (default: %(default)s)")
+
+    sp = sub.add_parser("ab", help="is B slower than A? Two commits (or a commit and a config override) run "
+                                   "interleaved, paired; exit 0 no slower, 1 slower, 4 inconclusive, 2 bad arm")
+    sp.add_argument("--a", required=True, help="arm A: a git ref, or a clean checkout's path")
+    sp.add_argument("--b", required=True, help="arm B: a git ref, or a clean checkout's path")
+    sp.add_argument("--a-set", help="arm A's config override, a JSON object")
+    sp.add_argument("--b-set", help="arm B's config override, a JSON object")
+    sp.add_argument("--split", type=float, help="decide only whether B is slower than A by more than this fraction "
+                                                "(what bisect asks of each commit)")
+    ab_options(sp)
+    sp.set_defaults(func=cmd_ab)
+
+    sp = sub.add_parser("bisect", help="the first commit between GOOD and BAD that `ab` against GOOD calls slower "
+                                       "(git bisect run)")
+    sp.add_argument("good")
+    sp.add_argument("bad")
+    ab_options(sp)
+    sp.set_defaults(func=cmd_bisect)
 
     sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
     sp.add_argument("framework")

@@ -147,3 +147,12 @@ def load_config(path: str | Path) -> dict:
         raise HarnessError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     return validate_config(raw, source=str(path))
 
+
+def arms_from_config(value: object, source: str) -> tuple[str, str]:
+    """The two refs of `snakemake ab --config ab='{a: REF, b: REF}'`: kept out of the experiment's config, so that
+    naming arms reruns nothing of the pipeline."""
+    if not (isinstance(value, dict) and set(value) == {"a", "b"} and all(isinstance(v, str) and v for v in
+                                                                          value.values())):
+        raise HarnessError(f"{source}: ab must name both arms and nothing else, e.g. "
+                           f"--config ab='{{a: v0.1, b: HEAD}}' (given: {value!r})")
+    return value["a"], value["b"]

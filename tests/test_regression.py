@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import re
 import shutil
 import statistics
 import sys
@@ -487,6 +488,9 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     assert proc.returncode != 0
     md = (work / "results" / "alerts.md").read_text()
     assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
+    # ... and names the paired A/B that confirms it on this machine, against the baseline's commit
+    assert "## Confirm it" in md
+    assert re.search(r"remax-bench ab --a [0-9a-f]{40} --b [0-9a-f]{40} --config \S+/config\.json --out", md), md
     assert len(list((work / "results" / HISTORY).glob("*.jsonl"))) == 2  # appended once, not again
 
     # A baseline at this run's speed whose reward was higher: an advisory, which must not fail the target (it

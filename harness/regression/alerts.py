@@ -88,6 +88,10 @@ def render_markdown(result: dict) -> str:
                       for c in result["checks"] if c["class"] == "alert" and (ev := c.get("evidence"))
                       and ev.get("detectable_change") is not None]
             lines += [""] if lines[-1] else []
+    if result.get("confirm"):
+        lines += ["## Confirm it", "", "A series of nights cannot tell a slower commit from a slower host; a paired "
+                  "A/B on this machine, in one sitting, can (the baseline's commit against this run's), and bisect "
+                  "finds the commit between them:", "", "```", *result["confirm"], "```", ""]
     lines += ["## What changed since the baseline", "", *_changes_md(result["changes"])]
     lines += ["## Method", "",
               "Reference = the baseline's runs and the history's runs at its level (within "

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from harness import HarnessError
+from harness.frameworks import get_adapter
 from harness.regression.baseline import load_baseline, what_changed
 from harness.regression.history import pipeline_rows, read_history, series_key
 from harness.regression.statistics import (
@@ -213,7 +214,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
                                "with `remax-bench baseline update`)")
     history = [r for r in read_history(layout.path(results_dir, layout.HISTORY))
                if r["pipeline_run"] != now["pipeline_run"] and r["pipeline_time"] <= now["pipeline_time"]]
-    checks, changes = [], {}
+    checks, changes, commits = [], {}, {}
     for fw in sorted({r["framework"] for r in current}):
         cur_rows = [r for r in current if r["framework"] == fw]
         if fw not in base["frameworks"]:
@@ -224,6 +225,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
         series = [r for r in history if series_key(r) == series_key(cur_rows[0])]
         checks += _check_framework(fw, cur_rows, b, series)
         changes[fw] = what_changed(b, cur_rows[0])
+        commits[fw] = (b["provenance"].get("git", {}).get("commit"), cur_rows[0]["provenance"]["git"].get("commit"))
     alerts = [c for c in checks if c["class"] == "alert" and c["status"] == "regression"]
     advisories = [c for c in checks if c["class"] == "advisory" and c["status"] == "regression"]
     undecided = {c["status"] for c in checks if c["class"] == "alert" and c["status"] in (
@@ -244,5 +246,23 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
                        "detectable": "evidence.detectable_change: the smallest lasting change caught by night "
                        "detect_by 95% of the time at this series' noise: the mean of detect_by nights' threshold "
                        "plus detect_margin noise levels of that mean (calibrated on measured hosts)"},
-            "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes}
+            "alerts": alerts, "advisories": advisories, "checks": checks, "changes": changes,
+            "confirm": confirm_commands(alerts, commits, results_dir)}
+
+
+def confirm_commands(alerts: list[dict], commits: dict[str, tuple[str | None, str | None]],
+                     results_dir: Path) -> list[str]:
+    """The paired A/B (and bisect) that confirms an alert on this machine, against the baseline's commit: a series
+    of nights cannot separate a slower commit from a slower host, a paired comparison in one sitting can
+    (harness.regression.ab). Embedded backends only, which `ab` runs."""
+    out = []
+    for fw in sorted({a["framework"] for a in alerts}):
+        base, now = commits.get(fw, (None, None))
+        if not (base and now) or get_adapter(fw).run is None:
+            continue
+        config = layout.path(results_dir, layout.CONFIG)
+        out += [f"remax-bench ab --a {base} --b {now} --config {config} --out {results_dir}/ab"]
+        if base != now:
+            out += [f"remax-bench bisect {base} {now} --config {config} --out {results_dir}/bisect"]
+    return out
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from harness import HarnessError
-from harness.frameworks.registry import get_adapter
+from harness.frameworks import get_adapter
 from harness.report.runs import Run, read_json
 from harness.report.tables import fmt
 from harness.results import layout

@@ -1,9 +1,17 @@
 import json
 import os
 
-from harness.config import validate_config
+from harness.config import arms_from_config, validate_config
 from harness.frameworks import environment, get_adapter, not_runnable
 from harness.results import layout
+
+# The arms of `snakemake ab` (rules/ab.smk) are not part of the experiment: taken out before the config is frozen.
+AB = config.pop("ab", None)
+
+
+def ab_arms():
+    return arms_from_config(AB, "snakemake config")
+
 
 # Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.
 config.update(validate_config(config, source="snakemake config"))

@@ -1,0 +1,73 @@
+"""Benchmark: `remax-bench bisect` finds a planted slow commit among 8, and how many A/B rounds and pairs it takes.
+
+    python benchmarks/ab_bisect.py [--slow 5] [--commits 8] [--out DIR]
+
+Clones this repository's HEAD, adds --commits commits on top (each appends a line to a scratch file; commit --slow
+also adds a needless decomposition to the policy's forward pass, as tests/test_ab.py does), then runs
+`remax-bench bisect GOOD BAD` over them with the A/B config of tests/test_ab.py and prints the commit it names, whether
+it is the planted one, the rounds, pairs and minutes. Nothing else should run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from test_ab import AB_CONFIG, MODEL, SLOW_LINE  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--commits", type=int, default=8)
+    ap.add_argument("--slow", type=int, default=5, help="which of the commits (1-based) is slow")
+    ap.add_argument("--out", help="keep the bisection here (default: a temporary directory)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        clone = root / "repo"
+        subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
+        who = ["-c", "user.name=remax-bench benchmark", "-c", "user.email=benchmark@remax-bench.invalid"]
+        for k in range(1, args.commits + 1):
+            with open(clone / "BISECT_SCRATCH", "a") as f:
+                f.write(f"commit {k}\n")
+            if k == args.slow:
+                path = clone / MODEL
+                path.write_text(path.read_text().replace(*SLOW_LINE))
+            subprocess.run(["git", "-C", str(clone), "add", "-A"], check=True)
+            subprocess.run(["git", "-C", str(clone), *who, "commit", "-qm", f"commit {k}" + (" (slow)" if k ==
+                                                                                           args.slow else "")],
+                           check=True)
+        planted = subprocess.run(["git", "-C", str(clone), "rev-parse", f"HEAD~{args.commits - args.slow}"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        config = root / "ab.yaml"
+        config.write_text(yaml.safe_dump(AB_CONFIG))
+        out = Path(args.out) if args.out else root / "bisect"
+        started = time.monotonic()
+        proc = subprocess.run([str(Path(sys.executable).parent / "remax-bench"), "bisect", f"HEAD~{args.commits}",
+                               "HEAD", "--config", str(config), "--out", str(out), "--max-pairs", "8"], cwd=clone,
+                              capture_output=True, text=True)
+        minutes = (time.monotonic() - started) / 60
+        print(proc.stdout + proc.stderr)
+        if proc.returncode:
+            return proc.returncode
+        record = json.loads((out / "bisect.json").read_text())
+        print(f"named {record['first_slow'][:12]}, planted {planted[:12]}: "
+              f"{'found' if record['first_slow'] == planted else 'WRONG'}; {len(record['rounds'])} A/B rounds, "
+              f"{sum(r['pairs'] for r in record['rounds'])} pairs, {minutes:.1f} min")
+        for r in record["rounds"]:
+            print(f"  {r['commit'][:12]}: {r['verdict']}")
+        return 0 if record["first_slow"] == planted else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""Is B slower than A? `remax-bench ab`: two arms run interleaved on one machine, paired, decided as soon as the
+pairs allow (docs/regression.md, "Is B slower than A?").
+
+An arm is a commit of this repository (a git ref, checked out into a worktree of its own, or a clean checkout given
+by its path) with an optional config override. Both arms train the embedded reference backend on the same seeds from
+one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order (A B, B A, ...)
+so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod len(seeds). After each
+pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s; per-phase step times (generation,
+transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves are compared
+step by step, so a change in behaviour is told apart from a change in speed.
+
+`remax-bench bisect GOOD BAD` drives `git bisect run` with this comparison against GOOD.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import yaml
+
+from harness import HarnessError
+from harness.io import atomic_path, read_json_object, write_json, write_text
+from harness.regression.paired import decide, interval
+from harness.results.metrics import read_metrics
+from harness.results.reproducibility import first_divergence, verdict_text
+from harness.results.summarize import reward_curve
+
+RECORD = "ab.json"
+PAGE = "index.md"
+FIGURE = "ab.png"
+OWNER = {"kind": "ab"}  # harness.io.OWNER: a later A/B may replace this one, nothing else may
+# The config sections the shared inputs are built from: arms that differ in them would not train on the same inputs.
+INPUT_SECTIONS = ("task", "policy", "reward")
+PHASES = {"throughput_tok_s": "tokens/s", "time_gen_s": "generation", "time_transition_s": "transition",
+          "time_train_s": "training"}
+EXIT = {"same": 0, "faster": 0, "not slower": 0, "slower": 1, "inconclusive": 4}
+
+
+@dataclass
+class Arm:
+    label: str
+    spec: str  # as given: a git ref or a checkout's path
+    override: dict = field(default_factory=dict)
+    commit: str = ""
+    tree: Path | None = None  # the checkout its code runs from
+    worktree: bool = False  # made by this comparison (removed at the end)
+    config: Path | None = None
+
+
+def git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if proc.returncode:
+        raise HarnessError(f"git {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip()
+
+
+def _merge(into: dict, over: dict) -> dict:
+    out = dict(into)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _differences(a: object, b: object, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}".lstrip("."))]
+    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
+
+
+def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
+    """The arm's commit and the checkout it runs from; refused, naming the arm, for an unknown ref or a checkout with
+    uncommitted changes (its code would not be the commit the verdict names)."""
+    given = Path(arm.spec)
+    if given.is_dir() and (given / "harness").is_dir():
+        status = git(given, "status", "--porcelain", "--untracked-files=no")
+        if status:
+            raise HarnessError(f"arm {arm.label}: {given} has uncommitted changes ({status.splitlines()[0].strip()} "
+                               "...): commit them, or give a ref, so that the verdict names the code that ran")
+        arm.commit, arm.tree = git(given, "rev-parse", "HEAD"), given.resolve()
+        return
+    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{arm.spec}^{{commit}}"],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise HarnessError(f"arm {arm.label}: {arm.spec!r} is not a commit of {repo} (git rev-parse found nothing)")
+    arm.commit, arm.tree, arm.worktree = proc.stdout.strip(), where, True
+
+
+def _cli(arm: Arm, *args: object, log: Path) -> None:
+    """This arm's own CLI (its checkout first on the path), output to `log`; a failure names the arm and the log."""
+    assert arm.tree is not None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(arm.tree), os.environ.get("PYTHONPATH", "")])}
+    with open(log, "a") as f:
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=arm.tree, env=env,
+                              stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): `remax-bench {args[0]}` exited {proc.returncode} "
+                           f"(log {log}):\n{tail}")
+
+
+def _figures(run: Path, warmup: int) -> dict:
+    steps = read_metrics(run / "metrics.parquet")
+    measured = steps[steps["step"] > warmup]
+    return {**{k: float(measured[k].median()) for k in PHASES}, "steps": steps}
+
+
+def _inputs_of(run: Path) -> dict:
+    manifest = read_json_object(run / "manifest.json", "run manifest")
+    return {k: v.get("sha256") for k, v in manifest.get("inputs", {}).items() if isinstance(v, dict)}
+
+
+def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, seeds: list[int] | None = None,
+            max_pairs: int = 12, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
+            alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print) -> dict:
+    """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
+    is slower than A by more than this fraction (paired.decide)."""
+    repo, out = repo.resolve(), out.resolve()
+    if min_pairs < 2 or max_pairs < min_pairs:
+        raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs})")
+    try:
+        raw = yaml.safe_load(config.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise HarnessError(f"ab: --config {config}: {e}") from None
+    if not isinstance(raw, dict):
+        raise HarnessError(f"ab: --config {config}: not a mapping of config keys")
+    if raw.get("frameworks", ["reference"]) != ["reference"]:
+        raise HarnessError(f"ab: --config {config}: frameworks {raw.get('frameworks')!r}; an A/B runs the embedded "
+                           "reference backend (a planned framework's A/B is not built yet)")
+    with atomic_path(out, owner=OWNER) as tmp:
+        tmp.mkdir()
+        try:
+            record = _run(repo, config, raw, (a, b), tmp, out, seeds,
+                          (max_pairs, min_pairs, max_minutes, resolution, alpha, split), say)
+        finally:
+            for arm in (a, b):
+                if arm.worktree and arm.tree is not None and arm.tree.exists():
+                    git(repo, "worktree", "remove", "--force", str(arm.tree))
+        write_json(tmp / RECORD, record)
+        write_text(tmp / PAGE, page(record))
+        _figure(record, tmp)
+    return record
+
+
+def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, out: Path, seeds: list[int] | None,
+         limits: tuple[int, int, float, float, float, float | None], say: Callable[[str], None]) -> dict:
+    a, b = arms
+    max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
+    (tmp / "arms").mkdir()
+    logs = tmp / "logs"
+    logs.mkdir()
+    for arm in (a, b):
+        resolve_arm(arm, repo, tmp / "arms" / arm.label)
+    for arm in (a, b):
+        if arm.worktree:
+            git(repo, "worktree", "add", "--detach", str(arm.tree), arm.commit)
+        arm.config = tmp / f"config-{arm.label}.json"
+        _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
+             log=logs / f"{arm.label}.log")
+    frozen = {arm.label: json.loads(arm.config.read_text()) for arm in (a, b)}  # type: ignore[union-attr]
+    differ = [d for s in INPUT_SECTIONS for d in _differences(frozen["A"].get(s), frozen["B"].get(s), s)]
+    if differ:
+        raise HarnessError("ab: the arms would not train on the same inputs: " + "; ".join(differ[:5]))
+    seeds = seeds or frozen["A"]["seeds"]
+    warmup = frozen["A"]["remax"]["warmup_steps"]
+    for what in ("dataset", "policy", "reward"):
+        _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
+
+    pairs: list[dict] = []
+    started, verdict = time.monotonic(), None
+    for k in range(max_pairs):
+        seed = seeds[k % len(seeds)]
+        order = (a, b) if k % 2 == 0 else (b, a)
+        figures = {}
+        for arm in order:
+            run = tmp / "runs" / f"pair{k + 1}-{arm.label}-s{seed}"
+            _cli(arm, "run", "reference", "--config", arm.config, "--seed", seed, "--out", run, "--inputs",
+                 tmp / "inputs", log=logs / f"{arm.label}.log")
+            figures[arm.label] = {**_figures(run, warmup), "inputs": _inputs_of(run)}
+        if figures["A"]["inputs"] != figures["B"]["inputs"]:
+            raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
+                               f"{figures['A']['inputs']} against {figures['B']['inputs']})")
+        pairs.append({"pair": k + 1, "seed": seed, "order": "".join(arm.label for arm in order),
+                      **{f"{arm}_{p}": figures[arm][p] for arm in "AB" for p in PHASES},
+                      "steps": {arm: figures[arm]["steps"] for arm in "AB"}})
+        done = len(pairs)
+        final = done == max_pairs or (time.monotonic() - started) / 60 >= max_minutes
+        if done >= min_pairs or final:  # the time cap may come first: then it is inconclusive
+            verdict = decide([math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]) for p in pairs],
+                             alpha=alpha, looks=max_pairs - min_pairs + 1, resolution=resolution, final=final,
+                             split=split)
+            say(f"remax-bench ab: pair {done} (seed {seed}, {pairs[-1]['order']}): {verdict['text']}")
+            if verdict["verdict"] != "continue":
+                break
+        else:
+            say(f"remax-bench ab: pair {done} (seed {seed}, {pairs[-1]['order']}) run")
+        if final:
+            break
+    assert verdict is not None  # the last pair is always final
+    looks_alpha = alpha / (max_pairs - min_pairs + 1)
+    return {
+        "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override} for arm in (a, b)},
+        "verdict": verdict, "alpha": alpha, "resolution": resolution, "split": split, "min_pairs": min_pairs,
+        "max_pairs": max_pairs, "max_minutes": max_minutes, "minutes": (time.monotonic() - started) / 60,
+        "seeds": seeds,
+        "pairs": [{k: v for k, v in p.items() if k != "steps"} for p in pairs],
+        "phases": _phase_rows(pairs, looks_alpha), "per_seed": _seed_rows(pairs, looks_alpha),
+        "behaviour": _behaviour(pairs),
+        "curves": {f"{arm}-s{p['seed']}": reward_curve(p["steps"][arm]).to_dict("list")
+                   for p in pairs for arm in "AB"},
+        "command": " ".join(["remax-bench", "ab", "--a", a.commit, "--b", b.commit, "--config", str(config),
+                             "--out", str(out)]),
+    }
+
+
+def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:
+    mean, lo, hi = interval(ratios, alpha)
+    return {"figure": name, "ratio": math.exp(mean), "low": math.exp(lo), "high": math.exp(hi), "pairs": len(ratios)}
+
+
+def _phase_rows(pairs: list[dict], alpha: float) -> list[dict]:
+    """B/A per phase over all pairs (a time ratio above 1, or a tokens/s ratio below 1, is B slower)."""
+    rows = []
+    for p, name in PHASES.items():
+        ratios = [math.log(x[f"B_{p}"] / x[f"A_{p}"]) for x in pairs if x[f"A_{p}"] > 0 and x[f"B_{p}"] > 0]
+        if ratios:
+            rows.append(_ratio_row(name, ratios, alpha))
+    return rows
+
+
+def _seed_rows(pairs: list[dict], alpha: float) -> list[dict]:
+    by_seed: dict[int, list[float]] = {}
+    for p in pairs:
+        by_seed.setdefault(p["seed"], []).append(math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]))
+    return [{"seed": s, **_ratio_row("tokens/s", r, alpha)} for s, r in sorted(by_seed.items())]
+
+
+def _behaviour(pairs: list[dict]) -> list[dict]:
+    """Per seed, B's first run against A's first, step by step on what they computed: identical when only speed
+    changed."""
+    first: dict[int, dict] = {}
+    for p in pairs:
+        first.setdefault(p["seed"], p["steps"])
+    return [{"seed": s, "text": verdict_text(d := first_divergence(runs["A"], runs["B"])), "identical": d is None}
+            for s, runs in sorted(first.items())]
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
+
+
+def page(record: dict) -> str:
+    v = record["verdict"]
+    arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
+                                                                     if arm["override"] else "")
+            for label, arm in record["arms"].items()]
+    lines = ["# A/B: is B slower than A?", "", f"**{v['text']}**", "", *arms, "",
+             f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
+             f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
+             f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "
+             f"{100 * record['alpha']:g}% of the time); \"no difference\" needs the interval within "
+             f"{100 * record['resolution']:g}%.", "",
+             "## B against A, per phase (median after warm-up of each run; ratio B/A with its interval)", "",
+             "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]
+    lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
+              for r in record["phases"]]
+    lines += ["", "## tokens/s per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
+    lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
+              for r in record["per_seed"]]
+    lines += ["", "## Behaviour (B's first run of each seed against A's, step by step)", ""]
+    lines += [f"- seed {r['seed']}: {r['text']}" + ("" if r["identical"] else " (a change in behaviour, not only "
+                                                                                "in speed)")
+              for r in record["behaviour"]]
+    lines += ["", "## Pairs", "", "| pair | seed | order | A tokens/s | B tokens/s |", "|---:|---:|---|---:|---:|"]
+    lines += [f"| {p['pair']} | {p['seed']} | {p['order']} | {p['A_throughput_tok_s']:.0f} | "
+              f"{p['B_throughput_tok_s']:.0f} |" for p in record["pairs"]]
+    lines += ["", f"![B against A]({FIGURE})", ""]
+    return "\n".join(lines)
+
+
+def _figure(record: dict, out: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    phases = pd.DataFrame(record["phases"])
+    y = range(len(phases))
+    left.errorbar(100 * (phases["ratio"] - 1), y, fmt="o",
+                  xerr=[100 * (phases["ratio"] - phases["low"]), 100 * (phases["high"] - phases["ratio"])])
+    left.axvline(0, color="grey", lw=1)
+    left.set_yticks(list(y), phases["figure"])
+    left.set_xlabel("B against A, % (interval)")
+    curves = pd.DataFrame([{"run": run, "step": s, "reward": r} for run, c in record["curves"].items()
+                           for s, r in zip(c["step"], c["reward"])])
+    sns.lineplot(curves, x="step", y="reward", hue="run", ax=right)
+    right.set_title("reward curves (trailing mean)")
+    fig.tight_layout()
+    tmp = out / f".{FIGURE}.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.rename(out / FIGURE)
+
+
+def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: list[str],
+           say: Callable[[str], None] = print) -> dict:
+    """The first commit between GOOD and BAD that is slow, by `git bisect run` in a worktree of its own; each round's
+    comparison is kept in out/rounds/<commit>.
+
+    Round 0 is `ab` of GOOD against BAD, which must call BAD slower: its slowdown D sets the question each later round
+    asks of a commit, whether it is slower than GOOD by more than half of D (in log terms), which a noisy machine
+    answers in far fewer pairs than "no difference at all"."""
+    repo, out = repo.resolve(), out.resolve()
+    for label, ref in (("GOOD", good), ("BAD", bad)):
+        resolve_arm(Arm(label, ref), repo, out)
+    good_commit, bad_commit = git(repo, "rev-parse", good), git(repo, "rev-parse", bad)
+    with atomic_path(out, owner={"kind": "bisect"}) as tmp:
+        tmp.mkdir()
+        tree = tmp / "tree"
+        (tmp / "rounds").mkdir()
+        git(repo, "worktree", "add", "--detach", str(tree), bad_commit)
+        # The driver is this checkout's harness, whatever commit the bisection has checked out in `tree` (the current
+        # directory there: -P keeps it off the import path).
+        here, q = Path(__file__).resolve().parents[2], shlex.quote
+
+        def step(extra: list[str]) -> str:
+            return (f"c=$(git rev-parse HEAD); PYTHONPATH={q(str(here))} {q(sys.executable)} -P -m harness.cli ab "
+                    f"--a {good_commit} --b \"$c\" --config {q(str(config.resolve()))} "
+                    f"--out {q(str(tmp / 'rounds'))}/\"$c\" {' '.join(map(q, ab_args + extra))}; "
+                    "rc=$?; [ $rc -eq 4 ] && exit 125; [ $rc -ge 2 ] && exit 128; exit $rc")
+
+        try:
+            first = subprocess.run(["sh", "-c", step([])], cwd=tree, capture_output=True, text=True)
+            bad_record = tmp / "rounds" / bad_commit / RECORD
+            if first.returncode != 1 or not bad_record.is_file():
+                raise HarnessError(f"bisect: BAD ({bad_commit[:12]}) is not shown slower than GOOD "
+                                   f"({good_commit[:12]}), nothing to bisect:\n{(first.stdout + first.stderr)[-2000:]}")
+            split = 1 - math.sqrt(1 - json.loads(bad_record.read_text())["verdict"]["change"])
+            say(f"remax-bench bisect: BAD is slower; each commit is placed against a slowdown of {100 * split:.1f}%")
+            git(tree, "bisect", "start", bad_commit, good_commit)
+            proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "sh", "-c", step([f"--split={split}"])],
+                                  capture_output=True, text=True)
+            (tmp / "bisect.log").write_text(first.stdout + first.stderr + proc.stdout + proc.stderr)
+            found = [line.split()[0] for line in proc.stdout.splitlines() if line.endswith("is the first bad commit")]
+            git(tree, "bisect", "reset")
+        finally:
+            git(repo, "worktree", "remove", "--force", str(tree))
+        if proc.returncode or not found:
+            raise HarnessError(f"bisect: git bisect run did not name a first slow commit (exit {proc.returncode}):\n"
+                               f"{(proc.stdout + proc.stderr)[-2000:]}")
+        rounds = []
+        for d in sorted((tmp / "rounds").iterdir(), key=lambda p: p.stat().st_mtime):
+            rec = json.loads((d / RECORD).read_text())
+            rounds.append({"commit": d.name, "verdict": rec["verdict"]["text"], "pairs": len(rec["pairs"])})
+        record = {"good": good_commit, "bad": bad_commit, "first_slow": found[0], "split": split,
+                  "subject": git(repo, "log", "-1", "--format=%s", found[0]),
+                  "verdict": next(r["verdict"] for r in rounds if r["commit"] == found[0]), "rounds": rounds}
+        write_json(tmp / "bisect.json", record)
+        say(f"remax-bench bisect: first slow commit {found[0][:12]} ({record['subject']}): {record['verdict']}; "
+            f"{len(rounds) - 1} A/B rounds after the first (GOOD against BAD), {sum(r['pairs'] for r in rounds)} "
+            "pairs in all")
+    return record

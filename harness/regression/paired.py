@@ -1,0 +1,97 @@
+"""Paired statistics of an A/B comparison: B against A in pairs run back to back on one machine, so that the machine's
+drift cancels out of each pair's difference (docs/regression.md, "Is B slower than A?").
+
+Each pair gives one log ratio B/A of a figure (tokens/s, or a phase's step time). Their mean has a Student-t interval;
+the comparison looks after every pair from the `min_pairs`-th on and stops as soon as it can decide, so each look
+is held to alpha / looks (Bonferroni over every look it may take): the chance that A against A is ever called
+different, over the whole sequence, is at most alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def _central_t(t: float, dof: int) -> float:
+    """P(|T| <= t) for Student's t with an integer number of degrees of freedom: the finite series of Abramowitz and
+    Stegun 26.7.3 (odd) and 26.7.4 (even), exact up to rounding."""
+    theta = math.atan(t / math.sqrt(dof))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if dof % 2:
+        if dof == 1:
+            return 2 * theta / math.pi
+        term = total = math.cos(theta)
+        for k in range(3, dof - 1, 2):  # (2*4*...*(k-1)) / (1*3*...*k) cos^k
+            term *= c2 * (k - 1) / k
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * total)
+    for k in range(2, dof - 1, 2):  # (1*3*...*(k-1)) / (2*4*...*k) cos^k
+        term *= c2 * (k - 1) / k
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(alpha: float, dof: int) -> float:
+    """The t with P(|T| > t) = alpha (a two-sided 1 - alpha interval's multiplier), by bisection on _central_t."""
+    lo, hi = 0.0, 1.0
+    while _central_t(hi, dof) < 1 - alpha:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _central_t(mid, dof) < 1 - alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def interval(log_ratios: Sequence[float], alpha: float) -> tuple[float, float, float]:
+    """(mean, low, high) of the mean log ratio, a two-sided 1 - alpha Student-t interval; (mean, -inf, inf) for one
+    pair, whose spread is unknown."""
+    n = len(log_ratios)
+    mean = math.fsum(log_ratios) / n
+    if n < 2:
+        return mean, -math.inf, math.inf
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in log_ratios) / (n - 1))
+    half = t_quantile(alpha, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def decide(log_ratios: Sequence[float], *, alpha: float, looks: int, resolution: float, final: bool,
+           split: float | None = None) -> dict:
+    """The verdict on tokens/s B/A after these pairs: {"verdict": slower | faster | same | not slower | inconclusive |
+    continue, "text", "change", "low", "high", "pairs", "more_pairs"}. change/low/high are B's slowdown as a fraction
+    (positive: B slower). "same" needs the whole interval within `resolution` either way; at the last look, neither
+    is "inconclusive" with the pairs that interval would need at this spread.
+
+    With `split` (bisect: half the slowdown BAD has against GOOD) the question is only which side of it B lies on:
+    "slower" when the whole interval is above it, "not slower" when below, which takes far fewer pairs than proving
+    no difference at all."""
+    n = len(log_ratios)
+    mean, lo, hi = interval(log_ratios, alpha / looks)
+    change, slow_lo, slow_hi = 1 - math.exp(mean), 1 - math.exp(hi), 1 - math.exp(lo)
+    out = {"change": change, "low": slow_lo, "high": slow_hi, "pairs": n, "more_pairs": 0}
+    ci = f"CI {100 * slow_lo:.1f}% to {100 * slow_hi:.1f}%, {n} pairs"
+    if split is not None:
+        side = f"the split at {100 * split:.1f}%"
+        if slow_lo > split:
+            return {**out, "verdict": "slower", "text": f"B is {100 * change:.1f}% slower, beyond {side} ({ci})"}
+        if slow_hi < split:
+            return {**out, "verdict": "not slower", "text": f"B is {100 * change:+.1f}%, short of {side} ({ci})"}
+        if not final:
+            return {**out, "verdict": "continue", "text": f"undecided ({ci})"}
+        half, target = (hi - lo) / 2, abs(mean + math.log1p(-split))
+        more = max(1, math.ceil(n * (half / target) ** 2) - n) if math.isfinite(half) and target > 0 else n
+        return {**out, "verdict": "inconclusive", "more_pairs": more,
+                "text": f"inconclusive: about {more} more pairs needed to place B against {side} ({ci})"}
+    if hi < 0:
+        return {**out, "verdict": "slower", "text": f"B is {100 * change:.1f}% slower ({ci})"}
+    if lo > 0:
+        return {**out, "verdict": "faster", "text": f"B is {-100 * change:.1f}% faster ({ci})"}
+    seen = max(abs(slow_lo), abs(slow_hi))
+    if seen <= resolution:
+        return {**out, "verdict": "same", "text": f"no difference larger than {100 * seen:.1f}% ({ci})"}
+    if not final:
+        return {**out, "verdict": "continue", "text": f"undecided ({ci})"}
+    half, target = (hi - lo) / 2, math.log1p(resolution)
+    more = max(1, math.ceil(n * (half / target) ** 2) - n) if math.isfinite(half) else n
+    return {**out, "verdict": "inconclusive", "more_pairs": more,
+            "text": f"inconclusive: about {more} more pairs needed to see a {100 * resolution:.0f}% change ({ci})"}

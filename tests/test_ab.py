@@ -1,0 +1,155 @@
+"""Is B slower than A? (`remax-bench ab`, `remax-bench bisect`; docs/regression.md): the paired statistics on series
+whose truth is known, a real A/B of two commits of this repository where B's code is slower, and bad arms refused
+before anything runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+from conftest import REPO, run_cli
+
+from harness.regression.paired import decide, t_quantile
+
+# One short config both arms run: 2 seeds of the reference backend, a few seconds a run.
+AB_CONFIG = {"profile": "ab-test", "seeds": [1, 2], "frameworks": ["reference"],
+             "task": {"kind": "addition", "digits": 2, "n_train": 200, "n_eval": 8},
+             "policy": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
+                        "sft": {"steps": 5, "batch_size": 16}},
+             "reward": {"kind": "rule"},
+             "remax": {"steps": 12, "warmup_steps": 2, "train_batch_size": 4, "rollout_n": 2,
+                       "max_response_length": 8},
+             "reference": {"device": "cpu", "threads": 1, "eval_batch_size": 8}}
+# A slower line of code, as a change to the policy's forward pass would bring: a needless decomposition on every call
+# (generation, log-probs, training), which changes no number the run computes.
+SLOW_LINE = ("        rows, width = tokens.shape\n",
+             "        rows, width = tokens.shape\n        torch.linalg.eigvalsh(torch.eye(192) + 0.01)\n")
+MODEL = "harness/frameworks/reference/model.py"
+
+
+def test_t_quantiles_match_the_published_table():
+    # Student's t, two-sided: Fisher and Yates' table (also Abramowitz and Stegun table 26.10).
+    for alpha, dof, table in ((0.05, 1, 12.706), (0.05, 2, 4.303), (0.05, 10, 2.228), (0.01, 4, 4.604),
+                              (0.001, 5, 6.869), (0.05, 30, 2.042)):
+        assert t_quantile(alpha, dof) == pytest.approx(table, abs=5e-4)
+
+
+def sequence(rng: np.random.Generator, ratio: float, noise: float, max_pairs: int = 12, min_pairs: int = 3,
+             alpha: float = 0.01) -> dict:
+    """One A/B as `ab` runs it, on pairs whose log ratio B/A is drawn around log(ratio)."""
+    draws = list(rng.normal(math.log(ratio), noise, max_pairs))
+    for n in range(min_pairs, max_pairs + 1):
+        verdict = decide(draws[:n], alpha=alpha, looks=max_pairs - min_pairs + 1, resolution=0.03,
+                         final=n == max_pairs)
+        if verdict["verdict"] != "continue":
+            return verdict
+    raise AssertionError("the last look must decide")
+
+
+def test_a_known_slowdown_is_recovered_inside_its_interval_and_called_slower():
+    rng = np.random.default_rng(7)
+    verdicts = [sequence(rng, 0.90, 0.02) for _ in range(200)]  # B 10% slower, 2% noise per pair
+    assert sum(v["verdict"] == "slower" for v in verdicts) >= 195
+    inside = [v["low"] <= 0.10 <= v["high"] for v in verdicts if v["verdict"] == "slower"]
+    assert sum(inside) >= 0.97 * len(inside)  # each look's interval is at 1 - alpha / looks, wider than 95%
+    assert verdicts[0]["text"].startswith("B is ") and "% slower (CI " in verdicts[0]["text"]
+
+
+def test_a_against_a_is_not_called_slower_beyond_the_stated_rate_over_all_looks():
+    rng = np.random.default_rng(11)
+    verdicts = [sequence(rng, 1.0, 0.03) for _ in range(4000)]
+    called = sum(v["verdict"] in ("slower", "faster") for v in verdicts) / len(verdicts)
+    assert called <= 0.01, called  # alpha 0.01 over the whole sequence of looks
+    same = [v for v in verdicts if v["verdict"] == "same"]
+    assert same and all(max(abs(v["low"]), abs(v["high"])) <= 0.03 for v in same)
+    assert same[0]["text"].startswith("no difference larger than ")
+
+
+def test_too_few_pairs_for_the_noise_is_inconclusive_with_the_pairs_needed():
+    verdict = sequence(np.random.default_rng(3), 1.0, 0.2, max_pairs=4)
+    assert verdict["verdict"] == "inconclusive" and verdict["more_pairs"] > 0
+    assert verdict["text"].startswith(f"inconclusive: about {verdict['more_pairs']} more pairs needed")
+
+
+@pytest.fixture(scope="module")
+def two_commits(tmp_path_factory):
+    """A clone of this repository's HEAD with one commit on top that makes the policy's forward pass slower."""
+    root = tmp_path_factory.mktemp("ab")
+    clone = root / "repo"
+    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
+    path = clone / MODEL
+    text = path.read_text()
+    assert text.count(SLOW_LINE[0]) == 1
+    path.write_text(text.replace(*SLOW_LINE))
+    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
+    subprocess.run(["git", "-C", str(clone), *who, "commit", "-qam", "a slower forward pass"], check=True)
+    config = root / "ab.yaml"
+    config.write_text(yaml.safe_dump(AB_CONFIG))
+    return clone, config
+
+
+def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour_unchanged(two_commits, tmp_path):
+    clone, config = two_commits
+    out = tmp_path / "ab"
+    proc = run_cli("ab", "--a", "HEAD~1", "--b", "HEAD", "--config", config, "--out", out, "--max-pairs", 8,
+                   "--max-minutes", 10, cwd=clone)
+    record = json.loads((out / "ab.json").read_text())
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # exit 1: slower
+    assert record["verdict"]["verdict"] == "slower" and record["verdict"]["change"] > 0
+    assert record["verdict"]["low"] > 0 and proc.stdout.splitlines()[-1].startswith("B is ")
+    assert [p["order"] for p in record["pairs"]][:2] == ["AB", "BA"]  # ABBA
+    assert [p["seed"] for p in record["pairs"]][:2] == [1, 2]
+    tokens = next(r for r in record["phases"] if r["figure"] == "tokens/s")
+    assert tokens["ratio"] < 1 and tokens["high"] < 1
+    # The slower line changes no number the runs compute: each seed's curves are identical, only speed changed.
+    assert record["behaviour"] and all(b["identical"] for b in record["behaviour"]), record["behaviour"]
+    page = (out / "index.md").read_text()
+    assert record["verdict"]["text"] in page and (out / "ab.png").stat().st_size > 0
+    listed = subprocess.run(["git", "-C", str(clone), "worktree", "list"], capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1  # the arms' worktrees are gone
+
+
+def test_bad_arms_are_refused_before_anything_runs_naming_the_arm(two_commits, tmp_path):
+    clone, config = two_commits
+    out = tmp_path / "ab"
+    proc = run_cli("ab", "--a", "HEAD~1", "--b", "no-such-ref", "--config", config, "--out", out, cwd=clone)
+    assert proc.returncode == 2 and "arm B: 'no-such-ref' is not a commit" in proc.stderr, proc.stderr
+
+    dirty = tmp_path / "dirty"
+    subprocess.run(["git", "clone", "-q", str(clone), str(dirty)], check=True)
+    (dirty / MODEL).write_text((dirty / MODEL).read_text() + "\n# uncommitted\n")
+    proc = run_cli("ab", "--a", "HEAD", "--b", dirty, "--config", config, "--out", out, cwd=clone)
+    assert proc.returncode == 2 and f"arm B: {dirty} has uncommitted changes" in proc.stderr, proc.stderr
+
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-set", '{"task": {"n_train": 300}}', "--config", config,
+                   "--out", out, cwd=clone)
+    assert proc.returncode == 2 and "the arms would not train on the same inputs: task.n_train: 200 against 300" \
+        in proc.stderr, proc.stderr
+    assert not out.exists() and not list(tmp_path.glob(".ab.*"))  # nothing half-made
+    listed = subprocess.run(["git", "-C", str(clone), "worktree", "list"], capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1
+
+
+def test_with_a_split_a_commit_is_placed_on_its_side_in_few_pairs_despite_noise_too_large_for_no_difference():
+    """Bisect's question. At 10% noise per pair, proving "no difference within 3%" would take hundreds of pairs; which
+    side of half of a 40% slowdown a commit lies on takes a handful."""
+    rng = np.random.default_rng(5)
+    split = 1 - math.sqrt(0.6)
+    fast = [sequence_split(rng, 1.0, split) for _ in range(200)]
+    slow = [sequence_split(rng, 0.6, split) for _ in range(200)]
+    assert sum(v["verdict"] == "not slower" for v in fast) >= 190 and not any(v["verdict"] == "slower" for v in fast)
+    assert sum(v["verdict"] == "slower" for v in slow) >= 190 and not any(v["verdict"] == "not slower" for v in slow)
+    assert sorted(v["pairs"] for v in fast + slow)[len(fast)] <= 7  # the median comparison stops by its 7th pair
+
+
+def sequence_split(rng: np.random.Generator, ratio: float, split: float) -> dict:
+    draws = list(rng.normal(math.log(ratio), 0.1, 12))
+    for n in range(3, 13):
+        verdict = decide(draws[:n], alpha=0.01, looks=10, resolution=0.03, final=n == 12, split=split)
+        if verdict["verdict"] != "continue":
+            return verdict
+    raise AssertionError("the last look must decide")
