@@ -129,7 +129,10 @@ def test_verl_launch_sh_runs_exactly_the_apptainer_exec_line(planned_apptainer, 
     proc = subprocess.run(["bash", launch, run_dir], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     argv = record.read_bytes().decode().split("\0")[:-1]
-    assert ["apptainer", *argv] == json.loads((plans["verl"] / "plan.json").read_text())["argv"]
+    # the plan holds the $RUN_DIR placeholder; launch.sh expands it to the run directory it was given
+    planned_argv = json.loads((plans["verl"] / "plan.json").read_text())["argv"]
+    assert ["apptainer", *argv] == [a.replace("$RUN_DIR", str(run_dir.resolve())) for a in planned_argv]
+    assert any(str(run_dir.resolve()) in a for a in argv)
     # launch.sh's exports reach apptainer, which passes the host environment into the container
     assert f"VERL_FILE_LOGGER_PATH={run_dir.resolve()}/verl_metrics.jsonl" in (tmp_path / "argv.env").read_text()
 

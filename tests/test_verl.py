@@ -456,7 +456,9 @@ def test_plan_composes_against_verls_packaged_config_and_passes_its_validation(c
     values, o = out["values"], overrides_of(planned)
     lists = {"data.train_files": [str(planned / "train.parquet")], "data.val_files": [str(planned / "val.parquet")],
              "trainer.logger": ["console", "file"],
-             "actor_rollout_ref.model.custom_chat_template": vr.RAW_PROMPT_TEMPLATE}
+             "actor_rollout_ref.model.custom_chat_template": vr.RAW_PROMPT_TEMPLATE,
+             # quoted for hydra; launch.sh expands the placeholder
+             "trainer.validation_data_dir": "$RUN_DIR/" + vr.VALIDATION_GENERATIONS}
     for key, value in o.items():  # every override landed on an existing key, with the value meant
         assert (values[key] == lists[key]) if key in lists else (str(values[key]) == value), key
     assert values["algorithm.adv_estimator"] == "remax" and values["trainer.use_v1"] is False
