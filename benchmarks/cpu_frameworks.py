@@ -1,5 +1,5 @@
-"""Benchmark: the cpu-frameworks profile's results against its targets, and what verl's and DeepSpeed-Chat's runs cost
-around their steps.
+"""Benchmark: the cpu-frameworks profile's results against its targets, and what verl's, OpenRLHF's and
+DeepSpeed-Chat's runs cost around their steps.
 
     time snakemake --cores all --configfile workflows/config/cpu-frameworks.yaml   # from a clean checkout
     python benchmarks/cpu_frameworks.py [RESULTS_DIR]                               # default: results
@@ -66,6 +66,35 @@ def dschat_costs(run: Path) -> dict:
             "train_median_s": float(pd.Series([s["time_train_s"] for s in steps]).median())}
 
 
+# OpenRLHF's step line (harness.frameworks.openrlhf: trainer/ppo_trainer.py through utils/logging_utils.py, whose
+# datefmt prints month-day and whole seconds).
+_OPENRLHF_STEP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) ppo_trainer\.py:\d+\] ✨ Global step (\d+): (\{.*\})")
+
+
+def openrlhf_costs(run: Path) -> dict:
+    """OpenRLHF's wall time against its own step timer (timing/step_total). "Between steps": the time from step 1's
+    line to the last step's line (whole-second timestamps) less the step times logged for steps 2..last, per step:
+    what OpenRLHF's loop does outside its timer (the weight read-back, loggers)."""
+    import ast
+    from datetime import datetime
+
+    from harness.frameworks.openrlhf import ANSI
+
+    at, timer = {}, {}
+    for line in (run / "openrlhf.log").read_text(errors="replace").splitlines():
+        m = _OPENRLHF_STEP.search(ANSI.sub("", line))
+        if m:
+            step = int(m.group(2))
+            at[step] = datetime.strptime(m.group(1), "%m-%d %H:%M:%S")
+            timer[step] = ast.literal_eval(m.group(3))["timing/step_total"]
+    launch = json.loads((run / "launch.json").read_text())
+    last = max(timer)
+    between = ((at[last] - at[1]).total_seconds() - sum(timer[s] for s in range(2, last + 1))) / (last - 1)
+    return {"steps": last, "wall_s": launch["end"] - launch["start"], "step_timer_s": sum(timer.values()),
+            "step_median_s": float(pd.Series(list(timer.values())).median()), "first_step_s": timer[1],
+            "between_steps_per_step_s": between}
+
+
 def main() -> int:
     results = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     summary = pd.read_csv(layout.path(results, layout.SUMMARY))
@@ -86,6 +115,12 @@ def main() -> int:
               f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
               f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
               f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")
+    for run in sorted(results.glob(layout.RUN.format(framework="openrlhf", seed="*"))):
+        c = openrlhf_costs(run)
+        print(f"openrlhf {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: OpenRLHF's step timer "
+              f"{c['step_timer_s']:.0f} s (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} "
+              f"s), outside it {c['wall_s'] - c['step_timer_s']:.0f} s (Ray, DeepSpeed and vLLM start-up, saving the "
+              f"actor, shutdown, the greedy evaluation); between steps {c['between_steps_per_step_s']:.3f} s per step")
     for run in sorted(results.glob(layout.RUN.format(framework="dschat", seed="*"))):
         c = dschat_costs(run)
         print(f"dschat {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: the steps {c['step_sum_s']:.0f} s "

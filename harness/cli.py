@@ -169,13 +169,14 @@ def cmd_conformance(args: argparse.Namespace) -> None:
 
     from harness.frameworks import get_adapter
     from harness.io import atomic_path
+    from harness.report.tables import VALIDATION_SOURCE
 
     config = _config(args)
     checks = [c for fw in config["frameworks"] if (c := get_adapter(fw).conformance) is not None]
     tables = [check(config) for check in checks]
     if not tables:
         raise HarnessError(f"{args.config}: no configured framework has a conformance check")
-    table = pd.concat(tables, ignore_index=True)
+    table = pd.concat(tables, ignore_index=True).assign(source=VALIDATION_SOURCE)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
     print(table.to_string(index=False))

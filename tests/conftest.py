@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "workflows" / "config"
 BIN = Path(sys.executable).parent
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -22,6 +23,50 @@ def a100x8_offline(n_train: int, n_eval: int) -> dict:
     raw["task"] = {"kind": "addition", "digits": 5, "n_train": n_train, "n_eval": n_eval, "seed": 1234}
     raw["reward"] = {"kind": "rule"}
     return raw
+
+
+def merged(*names: str) -> dict:
+    """Profiles merged over each other as Snakemake merges --configfile over the Snakefile's configfile."""
+    import yaml
+
+    def merge(into, over):
+        for k, v in over.items():
+            if isinstance(v, dict) and isinstance(into.get(k), dict):
+                merge(into[k], v)
+            else:
+                into[k] = v
+        return into
+
+    out = {}
+    for name in names:
+        merge(out, yaml.safe_load((CONFIGS / name).read_text()))
+    return out
+
+
+def tiny_cpu_config(**policy) -> dict:
+    """The cpu-frameworks profile, shrunk to 2 ReMax steps of 4 prompts x 2 samples on a 1-layer policy."""
+    raw = merged("cpu.yaml", "cpu-frameworks.yaml")
+    raw["task"].update(n_train=64, n_eval=16)
+    raw["policy"].update({"hidden_size": 64, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, **policy})
+    raw["policy"]["sft"].update(steps=5, batch_size=16)
+    raw["remax"].update(steps=2, warmup_steps=1, train_batch_size=4, rollout_n=2)
+    raw["verl"]["micro_batch_size_per_gpu"] = 8  # the step's 4 x 2 rows in one pass
+    return raw
+
+
+def make_inputs(root, raw: dict):
+    """The config written to root/config.yaml, and the shared inputs built from it in root/inputs."""
+    import yaml
+
+    from harness.config import load_config
+    from harness.inputs import build_dataset, build_policy, build_reward
+
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    config = load_config(path)
+    for build in (build_dataset, build_policy, build_reward):
+        build(config, root / "inputs")
+    return path, config
 
 
 def run_cli(*args, cwd=None):

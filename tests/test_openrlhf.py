@@ -169,10 +169,21 @@ def test_plan_exports_prompts_agent_and_reward_url(planned, a100x8):
     assert shell_command(argv) + ' 2>&1 | tee "$RUN_DIR/openrlhf.log"' in launch
 
 
+def test_a_run_longer_than_the_training_split_repeats_it(a100x8, tmp_path):
+    """OpenRLHF makes one pass over prompts.jsonl: more steps than the split holds take it again from its start."""
+    config = json.loads(json.dumps(a100x8["config"]))
+    train = task.read_dataset(a100x8["inputs"] / "dataset.jsonl")["train"]
+    config["remax"]["steps"] = 2 * len(train) // config["remax"]["train_batch_size"] + 1
+    orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+    rows = [json.loads(line) for line in (tmp_path / "plan" / "prompts.jsonl").read_text().splitlines()]
+    assert len(rows) == config["remax"]["steps"] * config["remax"]["train_batch_size"] > 2 * len(train)
+    assert rows[:len(train)] == rows[len(train):2 * len(train)] == [{"input": r["prompt"], "label": r["answer"]}
+                                                                    for r in train]
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda c: c["launch"].update(gpus_per_node=0), "at launch.gpus_per_node: OpenRLHF needs GPUs"),
     (lambda c: c["launch"].update(nnodes=2), "at launch.nnodes"),
-    (lambda c: c["remax"].update(steps=200), "at task.n_train"),
     (lambda c: c["openrlhf"].update(train_micro_batch_size=3), "at openrlhf.train_micro_batch_size"),
 ])
 def test_plan_refuses_what_cannot_run(a100x8, tmp_path, change, message):
@@ -436,8 +447,9 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
         assert len(requests) == 2 * (n + 1) and len(greedy) == 2  # n samples + 1 greedy per prompt per step
         assert all((q["top_p"], q["top_k"], q["max_tokens"]) == (1.0, -1, 8) for q in greedy)
         assert all(q["temperature"] == 1.0 for q in requests if q not in greedy)
-        # remax.generation_length: OpenRLHF's default min_tokens 1, or every request (greedy too) at max_tokens.
-        assert all(q["min_tokens"] == (8 if fixed_length else 1) for q in requests)
+        # remax.generation_length: the shared spec's min_tokens 0 (not OpenRLHF's default 1), or every request
+        # (greedy too) at max_tokens.
+        assert all(q["min_tokens"] == (8 if fixed_length else 0) for q in requests)
         a, b = prompt[:-1].split("+")
         greedy_answer = str(int(a) + int(b))
         for s in samples:
@@ -448,3 +460,24 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
     assert baselines == {"12+34=": 1.0, "5+7=": 0.5}
     # Without its reward server a rollout fails, naming the server, instead of leaving a sample without reward.
     assert result["dead_url_error"].startswith(f"RewardRequestError: reward server {dead_url}: no answer after 5 tries")
+
+
+def test_a_new_revision_of_the_patch_rebuilds_the_environments_it_patches(tmp_path, monkeypatch):
+    """remax_patch.py refuses a package an older revision patched; the environments that apply it name it with
+    `#!digest`, so a new revision changes their digest and ensure_env builds them again from the pristine package."""
+    from harness.runtime import envs
+
+    for name in ("openrlhf", "openrlhf-validate", "openrlhf-cpu"):
+        assert orl.REMAX_DIR / orl.PATCH in envs.digest_files(envs.spec_path(name))
+    patch = tmp_path / "patch.py"
+    patch.write_text("revision 1\n")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "tiny.txt").write_text(f"#!digest {os.path.relpath(patch, envs.REPO)}\n")
+    monkeypatch.setattr(envs, "ENV_SPECS", tmp_path / "specs")
+    python = envs.ensure_env("tiny", root=tmp_path / "venvs")
+    (python.parent / "built-by-revision-1").touch()
+    assert envs.ensure_env("tiny", root=tmp_path / "venvs") == python
+    assert (python.parent / "built-by-revision-1").exists()  # reused
+    patch.write_text("revision 2\n")
+    envs.ensure_env("tiny", root=tmp_path / "venvs")
+    assert not (python.parent / "built-by-revision-1").exists()  # rebuilt from scratch

@@ -6,60 +6,18 @@ against what verl itself wrote to its file logger in the same run. Building the 
 
 import json
 import math
-import re
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, run_cli, snakemake
+from conftest import make_inputs, run_cli, tiny_cpu_config
 
 from harness import HarnessError
-from harness.config import load_config
-from harness.frameworks import get_adapter, not_runnable
 from harness.frameworks import verl as vr
-from harness.inputs import build_dataset, build_policy, build_reward
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime import envs
 from harness.runtime.envs import ensure_env
 from harness.runtime.launch_script import shell_word
-
-CONFIGS = REPO / "workflows" / "config"
-
-
-def merged(*names: str) -> dict:
-    """Profiles merged over each other as Snakemake merges --configfile over the Snakefile's configfile."""
-    def merge(into, over):
-        for k, v in over.items():
-            if isinstance(v, dict) and isinstance(into.get(k), dict):
-                merge(into[k], v)
-            else:
-                into[k] = v
-        return into
-
-    out = {}
-    for name in names:
-        merge(out, yaml.safe_load((CONFIGS / name).read_text()))
-    return out
-
-
-def tiny_cpu_config(**policy) -> dict:
-    """The cpu-frameworks profile, shrunk to 2 ReMax steps of 4 prompts x 2 samples on a 1-layer policy."""
-    raw = merged("cpu.yaml", "cpu-frameworks.yaml")
-    raw["task"].update(n_train=64, n_eval=16)
-    raw["policy"].update({"hidden_size": 64, "intermediate_size": 64, "num_layers": 1, "num_heads": 2, **policy})
-    raw["policy"]["sft"].update(steps=5, batch_size=16)
-    raw["remax"].update(steps=2, warmup_steps=1, train_batch_size=4, rollout_n=2)
-    raw["verl"]["micro_batch_size_per_gpu"] = 8  # the step's 4 x 2 rows in one pass
-    return raw
-
-
-def make_inputs(root, raw: dict):
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    config = load_config(path)
-    for build in (build_dataset, build_policy, build_reward):
-        build(config, root / "inputs")
-    return path, config
 
 
 @pytest.fixture(scope="module")
@@ -118,21 +76,6 @@ def test_a_policy_vllms_cpu_attention_cannot_serve_is_refused_at_plan(tmp_path):
     assert proc.returncode == 2
     assert "head_dim 16" in proc.stderr and "vLLM's CPU attention" in proc.stderr and "config.json" in proc.stderr
     assert not (tmp_path / "plan").exists()
-
-
-def test_the_profile_runs_verl_and_deepspeed_chat_and_says_why_openrlhf_cannot_run_on_a_cpu(tmp_path):
-    proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", CONFIGS / "cpu-frameworks.yaml")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    runs = set(re.findall(r"wildcards: framework=(\w+), seed=(\d+)", out))
-    # OpenRLHF has no CPU path: no job for it
-    assert runs == {(fw, str(s)) for fw in ("reference", "verl", "dschat") for s in (1, 2, 3)}
-    assert "results/envs/verl-cpu.txt" in out and "results/envs/verl.txt" not in out
-    assert "results/envs/dschat-cpu.txt" in out and "results/envs/dschat.txt" not in out
-    config = load_config(CONFIGS / "cpu-frameworks.yaml")
-    assert not_runnable(get_adapter("verl"), config) is None
-    assert not_runnable(get_adapter("dschat"), config) is None
-    assert "flash_attn" in not_runnable(get_adapter("openrlhf"), config)
 
 
 def test_a_missing_cpu_wheel_fails_the_environment_naming_the_package(tmp_path, monkeypatch):

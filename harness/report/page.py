@@ -172,7 +172,8 @@ def reward_view(table: pd.DataFrame) -> dict | None:
 
 def conformance_rows(conformance: pd.DataFrame) -> list[dict]:
     return [dict(framework=r.framework, case=r.case, max_abs_diff=f"{r.max_abs_diff:.3g}", verdict=r.verdict,
-                 note=r.note if isinstance(r.note, str) else "", cls="mismatch" if r.verdict != "match" else "")
+                 note=r.note if isinstance(r.note, str) else "", source=r.source,
+                 cls="mismatch" if r.verdict != "match" else "")
             for r in conformance.itertuples()]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness import HarnessError
 from harness.report.runs import Run, adapter_of
 from harness.results import layout
 from harness.results.metrics import FRAMEWORK_THROUGHPUT
@@ -294,23 +295,40 @@ def reward_table(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame(list(rows.values()), columns=REWARD_COLUMNS, dtype=object)
 
 
-CONFORMANCE_COLUMNS = ["framework", "case", "max_abs_diff", "verdict", "note"]
+CONFORMANCE_COLUMNS = ["framework", "case", "max_abs_diff", "verdict", "note", "source"]
+VALIDATION_SOURCE = "from the validation environment"  # `remax-bench conformance`: the shared vectors
 
 
-def read_conformance(results: Path, problems: list[str]) -> pd.DataFrame | None:
+def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.DataFrame | None:
+    """results/conformance.csv (the shared vectors, where the conformance target ran) and the rows each completed run
+    of a framework that records its own advantages gives (Adapter.run_conformance); None when there are neither."""
+    frames = []
     path = layout.path(results, layout.CONFORMANCE)
-    if not path.is_file():
-        return None
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        problems.append(f"{path}: unreadable ({e})")
-        return None
-    missing = [c for c in CONFORMANCE_COLUMNS if c not in df.columns]
-    if missing:
-        problems.append(f"{path}: lacks columns {', '.join(missing)}")
-        return None
-    return df[CONFORMANCE_COLUMNS]
+    if path.is_file():
+        try:
+            df = pd.read_csv(path)
+            if "source" not in df.columns:  # written before the column existed: the shared vectors
+                df["source"] = VALIDATION_SOURCE
+            missing = [c for c in CONFORMANCE_COLUMNS if c not in df.columns]
+            if missing:
+                problems.append(f"{path}: lacks columns {', '.join(missing)}")
+            else:
+                frames.append(df[CONFORMANCE_COLUMNS])
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+            problems.append(f"{path}: unreadable ({e})")
+    for run in runs:
+        adapter = adapter_of(run.framework)
+        check = adapter.run_conformance if adapter is not None and run.status == "ok" else None
+        if check is None:
+            continue
+        try:
+            df = check(layout.path(results, layout.RUN, framework=run.framework, seed=run.seed))
+        except HarnessError as e:
+            problems.append(str(e))
+            continue
+        if df is not None:
+            frames.append(df[CONFORMANCE_COLUMNS])
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: float) -> list[str]:

@@ -6,8 +6,9 @@ under .venvs/<name>, never the harness's. A description is a pip requirements fi
 installed after the requirements, one package each: `#!no-deps PKG==V` without its dependencies (a package whose
 own pins cannot install here), `#!no-build-isolation PKG==V` against the torch already installed (flash-attn
 builds its CUDA kernels that way), `#!local PATH` a project of this repository (PATH relative to it), without its
-dependencies. An environment is built once and reused; it is rebuilt when its description or a local project in it
-changes (the stamp holds the sha256 of the description and of each local project's files).
+dependencies. `#!digest PATH` names a file of this repository that the environment's contents depend on without
+installing it (a patch applied to an installed package). An environment is built once and reused; it is rebuilt
+when its description, a local project in it or a digest file changes (the stamp holds the sha256 of each).
 With `container.runtime: apptainer` an image of the framework's published image, with the same description installed,
 takes the venv's place (harness/runtime/container.py, whose env_command gives a launch command its prefix either
 way).
@@ -52,6 +53,7 @@ def install_env_vars(spec: Path) -> dict[str, str]:
 
 POST_INSTALL = {"#!no-deps ": "--no-deps", "#!no-build-isolation ": "--no-build-isolation", "#!local ": "--no-deps"}
 LOCAL = "#!local "
+DIGEST = "#!digest "
 
 
 def local_projects(spec: Path) -> list[Path]:
@@ -88,9 +90,23 @@ def project_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def digest_files(spec: Path) -> list[Path]:
+    """The repository files a description names with `#!digest PATH`."""
+    paths = []
+    for lineno, line in enumerate(spec.read_text().splitlines(), 1):
+        if line.startswith(DIGEST):
+            path = REPO / line[len(DIGEST):].strip()
+            if not path.is_file():
+                raise HarnessError(f"{spec}:{lineno}: {path} is not a file of this repository")
+            paths.append(path)
+    return paths
+
+
 def env_digest(spec: Path) -> str:
-    """What an environment is built from: its description and the source of each local project it installs."""
-    parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec))]
+    """What an environment is built from: its description, the source of each local project it installs and the
+    files it names with `#!digest`."""
+    parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec)),
+             *(sha256_file(p) for p in digest_files(spec))]
     return parts[0] if len(parts) == 1 else hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
 

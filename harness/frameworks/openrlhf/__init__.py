@@ -20,6 +20,7 @@ each run; the Ray workers import the patched files.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import math
 import os
@@ -35,10 +36,17 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.determinism import Knob, determinism
-from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
+from harness.frameworks.registry import (
+    VLLM_HEAD_DIMS,
+    Adapter,
+    check_vllm_cpu_head_dim,
+    on_cpu,
+    register_framework,
+    run_plan,
+)
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
-from harness.io import atomic_path, write_json, write_text
+from harness.io import atomic_path, read_json_object, write_json, write_text
 from harness.results import metrics
 from harness.results.layout import plan_owner
 from harness.runtime import container, envs
@@ -52,32 +60,39 @@ LOG = "openrlhf.log"
 PROMPTS = "prompts.jsonl"
 REMAX_DIR = Path(__file__).with_name("remax")
 AGENT, AGENT_CONFIG, PATCH = "remax_agent.py", "remax_agent.json", "remax_patch.py"
-# Stand-ins for the GPU-only vllm and flash_attn that OpenRLHF imports at module level: test-only, never installed.
-# Stand-ins for OpenRLHF's GPU-only imports, for its code on a CPU (the conformance check and the tests).
-STUBS = Path(__file__).with_name("cpu_stubs")
+# PYTHONPATH for OpenRLHF's own code in the validation environment (the conformance check and the tests): the vllm
+# stand-in (cpu_stubs, test-only) and the flash_attn stand-in the CPU environment installs (cpu/, its CPU layer).
+STUBS = os.pathsep.join(str(Path(__file__).with_name(d)) for d in ("cpu_stubs", "cpu"))
 REWARD_PATH = "/get_reward"
+# The first batch the patched estimator saw in the run, with OpenRLHF's advantages (remax_patch.py, record_batch).
+ADVANTAGE_BATCH = "remax_advantage_batch.json"
 
 
 # ---------------------------------------------------------------------------------------------------------- plan
 
 def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[str], list[dict]]:
     """train_ppo_ray's command line, and the shared hyperparameters as mapped onto it."""
-    rc, oc, lc = config["remax"], config["openrlhf"], config["launch"]
-    gpus = lc["gpus_per_node"]
+    rc, oc = config["remax"], config["openrlhf"]
+    gpus = _gpus(config)
     samples = rc["train_batch_size"] * rc["rollout_n"]
+    positions = read_json_object(Path(policy) / "config.json", "policy config").get("max_position_embeddings")
+    max_len = rc["max_prompt_length"] + rc["max_response_length"]
+    max_len = min(max_len, positions) if positions else max_len
     hyper: list[dict] = [
         {"key": "policy.path", "shared": policy, "framework_key": "actor.model_name_or_path", "effective": policy},
         {"key": "seeds", "shared": seed, "framework_key": "train.seed (DeepSpeed/transformers seed, data shuffle; "
          "vLLM engine i gets seed + i)", "effective": seed},
         {"key": "remax.steps", "shared": rc["steps"], "framework_key": f"{PROMPTS} holds steps x train_batch_size "
-         "prompts; train.num_episodes=1, train.max_epochs=1", "effective": rc["steps"]},
+         "prompts (the training split, repeated where shorter); train.num_episodes=1, train.max_epochs=1",
+         "effective": rc["steps"]},
         {"key": "remax.train_batch_size", "shared": rc["train_batch_size"],
          "framework_key": "rollout.batch_size (prompts per step); train.batch_size = rollout.batch_size x "
          "n_samples_per_prompt: one optimizer step per step", "effective": rc["train_batch_size"]},
         {"key": "remax.rollout_n", "shared": rc["rollout_n"], "framework_key": "rollout.n_samples_per_prompt "
          "(+ one greedy response per prompt, from the ReMax agent)", "effective": rc["rollout_n"]},
         {"key": "remax.max_prompt_length", "shared": rc["max_prompt_length"],
-         "framework_key": "data.max_len - rollout.max_new_tokens", "effective": rc["max_prompt_length"]},
+         "framework_key": "data.max_len - rollout.max_new_tokens (data.max_len is also vLLM's max_model_len, so it "
+         "stays within the policy's max_position_embeddings)", "effective": max_len - rc["max_response_length"]},
         {"key": "remax.max_response_length", "shared": rc["max_response_length"],
          "framework_key": "rollout.max_new_tokens (samples and greedy)", "effective": rc["max_response_length"]},
         {"key": "remax.generation_length", "shared": rc["generation_length"],
@@ -97,7 +112,7 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
          "vllm.num_engines (tensor_parallel_size 1, colocate_all)", "effective": gpus},
     ]
     argv = [
-        *container.env_command(ENV, config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
+        *container.env_command(_env(config), config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
         "--actor.model_name_or_path", policy,
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", str(gpus),
         "--ref.num_nodes", "1", "--ref.num_gpus_per_node", str(gpus),
@@ -107,7 +122,7 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
         "--ds.zero_stage", str(oc["zero_stage"]), "--ds.param_dtype", "bf16",
         "--train.agent_func_path", str(out_dir / AGENT),
         "--data.prompt_dataset", str(out_dir / PROMPTS), "--data.input_key", "input", "--data.label_key", "label",
-        "--data.max_len", str(rc["max_prompt_length"] + rc["max_response_length"]),
+        "--data.max_len", str(max_len),
         "--rollout.max_new_tokens", str(rc["max_response_length"]),
         "--rollout.batch_size", str(rc["train_batch_size"]),
         "--rollout.n_samples_per_prompt", str(rc["rollout_n"]),
@@ -129,19 +144,28 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
     return argv, hyper
 
 
+def _gpus(config: dict) -> int:
+    """The GPUs OpenRLHF is told it has on the node: on a CPU one pretend GPU (CPU_SETTINGS, Ray resources)."""
+    return 1 if on_cpu(config) else config["launch"]["gpus_per_node"]
+
+
+def _env(config: dict) -> str:
+    return CPU_ENV if on_cpu(config) else ENV
+
+
 def _check_launch(config: dict) -> None:
     rc, oc, lc = config["remax"], config["openrlhf"], config["launch"]
-    if lc["gpus_per_node"] < 1:
+    if lc["gpus_per_node"] < 1 and not on_cpu(config):
         raise HarnessError("config: at launch.gpus_per_node: OpenRLHF needs GPUs (0 = this profile cannot run it)")
     if lc["nnodes"] != 1:
         raise HarnessError(f"config: at launch.nnodes: the OpenRLHF launch runs on one node (got {lc['nnodes']}); "
                            "a multi-node run needs a Ray cluster started across the nodes first")
-    per_step = oc["train_micro_batch_size"] * lc["gpus_per_node"]
+    per_step = oc["train_micro_batch_size"] * _gpus(config)
     samples = rc["train_batch_size"] * rc["rollout_n"]
     if samples % per_step:
         raise HarnessError(f"config: at openrlhf.train_micro_batch_size: remax.train_batch_size x remax.rollout_n = "
                            f"{samples} samples must split into micro-batches of {oc['train_micro_batch_size']} on "
-                           f"each of {lc['gpus_per_node']} GPUs "
+                           f"each of {_gpus(config)} GPUs "
                            "(DeepSpeed's train batch = micro x accumulation x GPUs)")
 
 
@@ -152,6 +176,55 @@ SETUP = """{python3} "$PLAN_DIR/{patch}"
 export PATH={env_bin}:"$PATH"
 unset RAY_ADDRESS
 """
+
+
+# OpenRLHF on the CPU (launch.device: cpu): the packages are workflows/envs/openrlhf-cpu.txt (vllm-cpu instead of
+# vLLM's CUDA build, DeepSpeed on its cpu accelerator) with the CPU layer of harness/frameworks/openrlhf/cpu, which
+# every process of that environment loads at start-up and which acts only under REMAX_BENCH_OPENRLHF_CPU=1. Each row
+# is one way a CPU run differs from the GPU plan: the flags it drops and adds, or the environment variables, and why;
+# all of them go into plan.json's deviations, so the report's fairness table shows them beside the figures.
+CPU_ENV = "openrlhf-cpu"
+CPU_SETTINGS: list[dict[str, Any]] = [
+    {"env": {"REMAX_BENCH_OPENRLHF_CPU": "1", "REMAX_BENCH_OPENRLHF_CPU_GPUS": "1"},
+     "key": "Ray resources", "gpu": "the node's GPUs (actor, reference and vLLM engines on each)",
+     "effective": "one pretend GPU, shared by one actor, one reference and one vLLM engine",
+     "cause": "OpenRLHF's placement groups ask Ray for {GPU: 1, CPU: 1} bundles and would wait forever without a GPU; "
+              "the CPU layer starts Ray with one pretend GPU"},
+    {"env": {"DS_ACCELERATOR": "cpu"}, "key": "device", "gpu": "cuda (DeepSpeed, torch.cuda)",
+     "effective": "cpu: DeepSpeed's cpu accelerator (gloo), OpenRLHF's torch.cuda calls answered by the CPU layer",
+     "cause": "OpenRLHF calls torch.cuda.set_device, synchronize and current_device directly, and builds its replay "
+              "buffer's device as cuda:N; the CPU layer sends them to the CPU"},
+    {"drop": ["--vllm.enable_sleep", "--ds.enable_sleep"], "key": "sleep mode",
+     "gpu": "on (vLLM and DeepSpeed free their memory while the other works)", "effective": "off",
+     "cause": "vLLM's CPU platform has no sleep mode; the transition then moves weights only, so timing/broadcast "
+              "is not a GPU transition time"},
+    {"args": ["--vllm.sync_backend", "gloo"], "key": "weight sync",
+     "gpu": "nccl through CUDA IPC (colocated)",
+     "effective": "vLLM's StatelessProcessGroup TCP store, the whole state reloaded into vLLM once per sync",
+     "cause": "no NCCL or CUDA IPC on a CPU; vllm-cpu repacks linear weights after loading, so OpenRLHF's "
+              "per-parameter load cannot work and the CPU layer reloads the sync's weights in one call"},
+    {"args": ["--ds.attn_implementation", "sdpa"], "drop": ["--ds.packing_samples"], "key": "attention",
+     "gpu": "flash_attention_2, packed samples", "effective": "sdpa on padded batches",
+     "cause": "FlashAttention needs CUDA; the flash_attn module OpenRLHF imports is a stand-in that this path never "
+              "calls (packing off)"},
+    {"args": ["--vllm.enforce_eager"], "key": "compilation", "gpu": "CUDA graphs (vLLM)", "effective": "eager",
+     "cause": "no CUDA graphs on a CPU"},
+    {"env": {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}, "key": "rollout engine",
+     "gpu": "vLLM 0.29.0 (CUDA)", "effective": "vllm-cpu 0.29.0, 1 GiB KV cache",
+     "cause": "vLLM's CPU build"},
+]
+
+
+def cpu_launch(config: dict, policy_dir: str | Path, argv: list[str]) -> tuple[list[str], dict, list[dict]]:
+    """The CPU plan's command line (the GPU one less the dropped flags, plus the added ones), environment variables
+    and deviations; HarnessError for a policy that vLLM's CPU attention cannot serve."""
+    check_vllm_cpu_head_dim(policy_dir)
+    dropped = {a for s in CPU_SETTINGS for a in s.get("drop", ())}
+    argv = [a for a in argv if a not in dropped] + [a for s in CPU_SETTINGS for a in s.get("args", ())]
+    env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
+    deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],
+                   "cause": "CPU run: " + s["cause"]} for s in CPU_SETTINGS]
+    return argv, env_vars, deviations
 
 
 # reproducibility.determinism strict, read in OpenRLHF 0.11.2's and vLLM 0.29.0's sources.
@@ -178,23 +251,27 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     rc, oc = config["remax"], config["openrlhf"]
     out_dir = Path(out_dir).resolve()
     train = task.read_dataset(inputs["dataset"]["path"])["train"]
+    # OpenRLHF runs one pass (train.num_episodes 1) over steps x train_batch_size prompts: the training split in
+    # order, again from its start where one pass is shorter than the run (as epochs would; OpenRLHF shuffles them).
     n_prompts = rc["steps"] * rc["train_batch_size"]
-    if len(train) < n_prompts:
-        raise HarnessError(f"config: at task.n_train: {len(train)} training prompts, but remax.steps x "
-                           f"remax.train_batch_size = {n_prompts} are needed (OpenRLHF runs one pass over them)")
     policy = str(Path(inputs["policy"]["path"]).absolute())
     argv, hyper = _flags(config, seed, out_dir, policy)
+    env_vars = {"PYTHONUNBUFFERED": "1", "REMAX_BENCH_ADVANTAGE_RECORD": f"$RUN_DIR/{ADVANTAGE_BATCH}"}
+    deviations: list[dict] = []
+    if on_cpu(config):
+        argv, cpu_env_vars, deviations = cpu_launch(config, policy, argv)
+        env_vars.update(cpu_env_vars)
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     strict_args, strict_env, determinism_record, strict_deviations = determinism(
         config, STRICT + ([] if on_cpu(config) else [BATCH_INVARIANT]), NOT_STRICT)
-    argv += strict_args
-    env_vars = {"PYTHONUNBUFFERED": "1", **strict_env}
+    argv += [a for a in strict_args if a not in argv]
+    env_vars.update(strict_env)
     reward = plan_record(inputs["reward"], "served")
     run_id = f"{NAME}-{config['profile']}-s{seed}"
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         write_text(tmp / PROMPTS, "".join(json.dumps({"input": r["prompt"], "label": r["answer"]}) + "\n"
-                                          for r in train[:n_prompts]))
+                                          for r in itertools.islice(itertools.cycle(train), n_prompts)))
         shutil.copy2(REMAX_DIR / AGENT, tmp / AGENT)
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
         write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH,
@@ -202,17 +279,19 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         write_text(tmp / "launch.sh", launch_script(
             title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
                   f"RUN_DIR/{LOG}",
-            argv=argv, env_vars=env_vars, env_check=container.env_check(ENV, config, "python3"),
-            setup=SETUP.format(python3=shell_words(container.env_command(ENV, config, "python3")), patch=PATCH,
-                               env_bin=shell_word(str(envs.ENV_ROOT / ENV / "bin"))),
+            argv=argv, env_vars=env_vars, env_check=container.env_check(_env(config), config, "python3"),
+            setup=SETUP.format(python3=shell_words(container.env_command(_env(config), config, "python3")),
+                               patch=PATCH, env_bin=shell_word(str(envs.ENV_ROOT / _env(config) / "bin"))),
             reward_server=server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
             log=LOG))
         write_json(tmp / "plan.json", {
-            "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": ENV,
-            "argv": argv, "env_vars": env_vars, "n_gpus": config["launch"]["gpus_per_node"], "inputs": inputs,
-            "hyperparameters": hyper, "deviations": strict_deviations, "reward_server": reward_url, "reward": reward,
+            "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": _env(config),
+            # OpenRLHF's figures are per pretend GPU on a CPU; the harness counts a CPU run's devices as 0 (as verl's)
+            "argv": argv, "env_vars": env_vars, "n_gpus": 0 if on_cpu(config) else _gpus(config), "inputs": inputs,
+            "hyperparameters": hyper, "deviations": [*deviations, *strict_deviations], "reward_server": reward_url,
+            "reward": reward,
             "determinism": determinism_record,
         })
 
@@ -298,6 +377,41 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
     return metrics.to_frame(rows, ", ".join(map(str, logs)))
 
 
+# ----------------------------------------------------------------------------------------------------- evaluation
+
+GREEDY_EVAL = REMAX_DIR / "greedy_eval.py"
+EVAL_LOG = "openrlhf_eval.json"  # greedy_eval.py's record, beside OpenRLHF's log
+CHECKPOINT = "ckpt"  # the final actor, where --ckpt.output_dir's default (./ckpt) puts it: the run directory
+
+
+def evaluation(run_dir: Path) -> dict | None:
+    """Eval greedy accuracy before and after training: vLLM's greedy decoding of the initial policy and of the actor
+    OpenRLHF saved (remax/greedy_eval.py, in the run's environment, after the run; OpenRLHF's own evaluation samples
+    and runs only after training steps)."""
+    run_dir = Path(run_dir)
+    plan_ = run_plan(run_dir / LOG, NAME)
+    if not (run_dir / CHECKPOINT).is_dir():
+        return None
+    argv, out = plan_["argv"], run_dir / EVAL_LOG
+    env = {**os.environ, **{k: v.replace("$RUN_DIR", str(run_dir)) for k, v in plan_["env_vars"].items()},
+           "PYTHONPATH": str(envs.REPO)}
+    proc = subprocess.run([*argv[:argv.index("-m")], str(GREEDY_EVAL), str(run_dir), str(out)], capture_output=True,
+                          text=True, env=env, cwd=run_dir)
+    if proc.returncode:
+        raise HarnessError(f"{GREEDY_EVAL.name} failed on {run_dir} (exit {proc.returncode}):\n"
+                           + (proc.stdout + proc.stderr)[-3000:])
+    record = read_json_object(out, "greedy evaluation record")
+    try:
+        points: dict[str, dict[str, Any]] = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
+                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+        points["before"]["responses"] = list(record["before"]["responses"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise HarnessError(f"{out}: not greedy_eval.py's record ({e!r})") from None
+    return {"run_id": plan_["run_id"], "split": "eval",
+            "source": "greedy decoding by vLLM of the initial policy and of OpenRLHF's saved actor (greedy_eval.py)",
+            **points}
+
+
 # --------------------------------------------------------------------------------------------------- environments
 
 def _run(cmd: list, what: str, **kw: Any) -> subprocess.CompletedProcess:
@@ -325,6 +439,52 @@ def run_validate(python: Path, *args: str | Path, timeout: float = 600) -> subpr
 # ---------------------------------------------------------------------------------------------------- conformance
 
 TOLERANCE = 1e-5  # float32 arithmetic in a different order
+REAL_RUN_TOLERANCE = 1e-6  # a real step's handful of tokens per sample: float32 sums of a few terms
+
+
+def response_aligned(case: dict) -> dict:
+    """A recorded batch as a shared case (harness.conformance): OpenRLHF's action_mask spans the sequence after its
+    first token, zero over the prompt, while the shared cases start each response at position 0. Each row's mask, KL
+    and advantages are shifted so; a mask that is not one contiguous span is refused."""
+    rows: dict[str, list] = {"mask": [], "kl": [], "advantages": []}
+    for i, mask in enumerate(case["mask"]):
+        on = [j for j, m in enumerate(mask) if m]
+        if on and on != list(range(on[0], on[-1] + 1)):
+            raise ValueError(f"sample {i}: its action mask is not one contiguous span")
+        start = on[0] if on else 0
+        for key, out in rows.items():
+            shifted = case[key][i][start:]
+            out.append(shifted + [0] * (len(mask) - len(shifted)))
+    return {**case, **rows}
+
+
+def run_conformance(run_dir: Path) -> pd.DataFrame | None:
+    """The advantages the patched OpenRLHF computed in the run's first step, on the batch it recorded there
+    (ADVANTAGE_BATCH), against the reference ReMax on the same batch: one row per run."""
+    import torch
+
+    from harness.conformance import reference_advantages
+
+    path = Path(run_dir) / ADVANTAGE_BATCH
+    if not path.is_file():
+        return None
+    try:
+        batches = json.loads(path.read_text())
+        diff, samples = 0.0, 0
+        for case in map(response_aligned, batches):
+            mask = torch.tensor(case["mask"], dtype=torch.float32)
+            ours = reference_advantages(case) * mask
+            diff = max(diff, (ours - torch.tensor(case["advantages"], dtype=torch.float32) * mask).abs().max().item())
+            samples += len(case["scores"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise HarnessError(f"{path}: not a recorded advantage batch ({e!r})") from None
+    match = diff <= REAL_RUN_TOLERANCE
+    return pd.DataFrame([{
+        "framework": NAME, "case": f"step 1 of {run_plan(path, NAME)['run_id']} ({samples} samples)",
+        "max_abs_diff": diff, "verdict": "match" if match else "differs",
+        "note": f"patched OpenRLHF {VERSION} 'remax' estimator in the run, on the batch it saw" if match else
+                "the run's advantages differ from the reference ReMax on the same batch",
+        "source": "from a real run"}])
 
 
 def conformance_table(result: dict) -> pd.DataFrame:
@@ -356,14 +516,6 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
         return conformance_table(json.loads(out.read_text()))
 
 
-# Read in OpenRLHF 0.11.2's own source (the same facts tests/test_openrlhf.py works around with stand-in modules).
-CPU_BLOCKER = ("OpenRLHF 0.11.2 imports flash_attn at module level (openrlhf/models/ring_attn_utils.py, reached by "
-               "`import openrlhf.models`), and flash-attn 2.8.3 is a source package that needs CUDA to build; past "
-               "that, its Ray trainer, DeepSpeed strategy and vLLM worker extension call torch.cuda and nccl directly "
-               "(about 40 places in openrlhf/trainer/ray/, openrlhf/utils/deepspeed/deepspeed.py, "
-               "vllm_worker_wrap.py)")
-
-
 register_framework(Adapter(
     name=NAME,
     description=f"OpenRLHF {VERSION} (Ray + vLLM + DeepSpeed, colocated) with the harness's ReMax agent and estimator",
@@ -371,8 +523,10 @@ register_framework(Adapter(
     log_glob=LOG,
     plan=plan,
     env=ENV,
-    cpu_blocker=CPU_BLOCKER,
+    cpu_env=CPU_ENV,
     conformance=conformance,
+    evaluation=evaluation,
+    run_conformance=run_conformance,
     module="openrlhf",
     head_dims=VLLM_HEAD_DIMS,
     saves_checkpoint=True,  # the final actor, where its --ckpt.* defaults put it: the run directory

