@@ -9,11 +9,12 @@ import ast
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from conftest import CONFIGS, make_inputs, run_cli, snakemake, tiny_cpu_config
+from conftest import CONFIGS, make_inputs, merged, run_cli, snakemake, tiny_cpu_config
 
 from harness.conformance import reference_advantages
 from harness.frameworks import openrlhf as orl
@@ -154,8 +155,12 @@ def test_the_advantages_of_a_real_step_match_the_reference_remax(openrlhf_cpu_ru
     assert list(table["verdict"]) == ["match"] and list(table["source"]) == ["from a real run"]
 
 
-def test_eval_comes_from_vllms_greedy_decoding_before_and_after(openrlhf_cpu_run, cpu_inputs):
+def test_eval_comes_from_vllms_greedy_decoding_before_and_after(openrlhf_cpu_run, cpu_inputs, monkeypatch):
     evaluation = json.loads((openrlhf_cpu_run / "eval.json").read_text())
+    # as the pipeline's launch gives it: a run directory relative to the working directory
+    monkeypatch.chdir(openrlhf_cpu_run.parent)
+    again = orl.evaluation(Path(openrlhf_cpu_run.name))
+    assert again["before"]["greedy_accuracy"] == evaluation["before"]["greedy_accuracy"]
     assert "vLLM" in evaluation["source"]
     for point in ("before", "after"):
         assert 0 <= evaluation[point]["greedy_accuracy"] <= 1
@@ -187,3 +192,42 @@ def test_a_reward_server_that_does_not_answer_fails_the_run_naming_it(openrlhf_c
     assert "run failed: exit code" in proc.stderr and "last lines of console.log" in proc.stderr
     assert "RewardRequestError" in proc.stderr and "http://127.0.0.1:9/get_reward" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_fairness_table_highlights_only_differences_with_a_cause(tmp_path):
+    """Real CPU plans of the cpu-frameworks profile (verl, OpenRLHF, DeepSpeed-Chat) through the report's fairness
+    mapping: a highlighted row always says why; verl's ignore_eos false (generation_length natural), an absolute
+    policy path and the KL placement rows are the same setting spelled differently, not differences."""
+    from harness.report.runs import Run
+    from harness.report.tables import fairness_table
+
+    config_path, config = make_inputs(tmp_path, merged("cpu.yaml", "cpu-frameworks.yaml"))
+    runs = [Run("reference", 1, status="ok")]
+    for fw in ("verl", "openrlhf", "dschat"):
+        proc = run_cli("plan", fw, "--config", config_path, "--seed", 1, "--inputs", tmp_path / "inputs",
+                       "--out", tmp_path / fw)
+        if proc.returncode == 0:
+            runs.append(Run(fw, 1, plan=json.loads((tmp_path / fw / "plan.json").read_text())))
+        else:  # DeepSpeed-Chat plans only from its checkout (CI has no GitHub); the others still count
+            assert fw == "dschat" and "checkout" in proc.stderr, proc.stderr
+    table = fairness_table({**config, "frameworks": [r.framework for r in runs]}, runs)
+    flagged = table[table["state"] == "mismatch"]
+    assert not flagged.empty  # the CPU deviations are real differences, each with its cause
+    assert all(flagged["cause"].str.len() > 0), flagged[flagged["cause"].str.len() == 0].to_string()
+    assert not flagged["cause"].str.contains("gives no cause|another config").any(), flagged.to_string()
+    spelled = table[(table["framework"] == "verl") & table["key"].isin(["remax.generation_length", "policy.path",
+                                                                         "remax.kl_coef"])]
+    assert set(spelled["state"]) == {"match"}, spelled.to_string()
+
+
+def test_the_default_profile_says_how_to_run_each_framework_on_this_cpu():
+    """The default profile (no GPU) does not run the real frameworks; the report's reason is the true one and names
+    the command that runs them here, not 'needs GPUs'."""
+    from harness.config import load_config
+    from harness.frameworks import get_adapter, not_runnable
+
+    config = load_config(CONFIGS / "cpu.yaml")
+    for fw in ("verl", "openrlhf", "dschat"):
+        reason = not_runnable(get_adapter(fw), config)
+        assert "--configfile workflows/config/cpu-frameworks.yaml" in reason and "needs GPUs" not in reason, reason
+    assert not_runnable(get_adapter(fw), load_config(CONFIGS / "cpu-frameworks.yaml")) is None

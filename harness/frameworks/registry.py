@@ -105,9 +105,14 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
     if on_cpu(config):
         return None if adapter.cpu_env else f"cannot run on a CPU: {adapter.cpu_blocker}"
     if config["launch"]["gpus_per_node"] == 0:
-        return "needs GPUs (launch.gpus_per_node is 0 in this profile)"
+        if adapter.cpu_env:
+            return ("no GPU in this profile (launch.gpus_per_node 0); it runs on this CPU with "
+                    f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, about 35 min)")
+        return f"needs GPUs (launch.gpus_per_node is 0 in this profile) and has no CPU path: {adapter.cpu_blocker}"
     return None
 
+
+CPU_FRAMEWORKS_PROFILE = "workflows/config/cpu-frameworks.yaml"  # every framework with a CPU path, on the CPU
 
 PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
 

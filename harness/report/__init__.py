@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness.frameworks.registry import on_cpu
 from harness.io import atomic_path, write_text
 from harness.report import figures, page
 from harness.report.claims import claims_table, load_claims
@@ -58,8 +59,10 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
         table.to_csv(tmp, index=False)
     with atomic_path(out / "runs.csv") as tmp:
         status_frame(runs).to_csv(tmp, index=False)
+    cpu_run = on_cpu(config) or config["launch"]["gpus_per_node"] == 0
     data = page.PageData(
-        config=config, results=results, runs=runs, findings=findings(table, ttr, runs, fraction), throughput=table,
+        config=config, results=results, runs=runs, findings=findings(table, ttr, runs, fraction, cpu_run),
+        throughput=table,
         own_throughput=own_throughput_table(runs, warmup), step_time=step_time_table(per_run),
         time_to_reward=ttr, target=target, eval_accuracy=eval_accuracy(per_run), truth=truth,
         reward_record=read_json(layout.path(results, layout.REWARD_RECORD), problems) if not truth.empty else None,

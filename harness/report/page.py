@@ -138,7 +138,11 @@ def _setting(value: object) -> object:
 
 def fairness_view(fair: pd.DataFrame, frameworks: list[str]) -> dict:
     """One row per shared key: the spec, then per framework its effective value (state: match, mismatch,
-    unmapped; empty where the framework has no row for the key)."""
+    unmapped; empty where the framework has no row for the key). A framework without a plan (not run in this
+    profile) has no column: `planless` names it once instead of a column of "no plan.json"."""
+    planless = [fw for fw in frameworks
+                if not fair.empty and set(fair.loc[fair["framework"] == fw, "state"]) == {"unknown"}]
+    frameworks = [fw for fw in frameworks if fw not in planless]
     rows = []
     for key, group in fair.groupby("key", sort=False):
         by_fw = group.set_index("framework")
@@ -153,7 +157,7 @@ def fairness_view(fair: pd.DataFrame, frameworks: list[str]) -> dict:
             cells.append(dict(state=state, value=_setting(r.effective), framework_key=r.framework_key if named else "",
                               cause=r.cause))
         rows.append(dict(key=key, shared=_setting(group["shared"].iloc[0]), cells=cells))
-    return dict(frameworks=frameworks, rows=rows,
+    return dict(frameworks=frameworks, rows=rows, planless=planless,
                 mismatches=int((fair["state"] == "mismatch").sum()) if not fair.empty else 0)
 
 

@@ -253,11 +253,17 @@ def fairness_table(config: dict, runs: list[Run]) -> pd.DataFrame:
                 rows.append({**row, "state": "not mapped", "cause": "the adapter does not map this key"})
                 continue
             causes = [d["cause"] for d in devs if d.get("cause")]
-            if any(not same_value(e.get("effective"), e.get("shared")) for e in mapped) and not causes:
+            # `means`: the framework's value in the shared spec's terms, where it spells the setting differently
+            # (verl's ignore_eos False is generation_length natural; an absolute path names the same input).
+            if any(not same_value(e.get("means", e.get("effective")), e.get("shared")) for e in mapped) \
+                    and not causes:
                 causes.append("differs from the shared spec; the adapter gives no cause")
             configured = config_value(config, key)
             stale = [e.get("shared") for e in mapped + devs if configured is not None and e.get("shared") is not None
-                     and not isinstance(configured, (list, dict)) and not same_value(e["shared"], configured)]
+                     and "means" not in e and not isinstance(configured, (list, dict))
+                     # a deviation's "GPU plan: ..." describes a setting; only a value can be stale
+                     and isinstance(e["shared"], str) == isinstance(configured, str)
+                     and not same_value(e["shared"], configured)]
             if stale:
                 causes.append(f"plan.json was made from another config (shared value there: {stale[0]})")
             effective = [json.loads(v) for v in dict.fromkeys(json.dumps(e.get("effective")) for e in mapped + devs)]
@@ -331,9 +337,20 @@ def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
-def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: float) -> list[str]:
-    """The page's answers in words, each computed from the tables below."""
+# Deviations whose cause is a proven reason for a framework's reward (docs/frameworks-on-cpu.md), said beside the
+# reward verdict in the headline, not only in the fairness table.
+REWARD_CAUSES = ("rollout.short_responses",)
+
+
+def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: float,
+             on_cpu: bool = False) -> list[str]:
+    """The page's answers in words, each computed from the tables below; on a CPU run the first says what its
+    figures are (and are not)."""
     out = []
+    if on_cpu:
+        out.append("CPU run (no GPU in this profile): it proves each framework's path on this machine and compares "
+                   "them here; it says nothing of GPU speed (each CPU difference from the GPU plan is in the "
+                   "fairness table).")
     counts = pd.Series([r.status for r in runs]).value_counts()
     statuses = ("ok", "failed", "not run")
     out.append(f"{len(runs)} planned runs: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in statuses))
@@ -353,8 +370,11 @@ def findings(table: pd.DataFrame, ttr: pd.DataFrame, runs: list[Run], fraction: 
                    f"({slow.framework}); {real}.")
     for row in ttr.itertuples():
         if row.reached == 0:
+            known = next((d for r in runs if r.framework == row.framework and r.plan
+                          for d in r.plan.get("deviations", []) if d.get("key") in REWARD_CAUSES), None)
             out.append(f"{row.framework} did not reach {fraction:.0%} of the best final reward in any seed "
-                       f"(final reward {fmt(row.final_reward, 3)}).")
+                       f"(final reward {fmt(row.final_reward, 3)})"
+                       + (f"; known cause ({known['key']}): {known['cause']}" if known else "") + ".")
         else:
             out.append(f"{row.framework} reached {fraction:.0%} of the best final reward in {fmt(row.time_s, 1)} s "
                        f"(median over the {row.reached} of {row.seeds} seeds that reached it).")

@@ -70,14 +70,22 @@ ADVANTAGE_BATCH = "remax_advantage_batch.json"
 
 # ---------------------------------------------------------------------------------------------------------- plan
 
-def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[str], list[dict]]:
-    """train_ppo_ray's command line, and the shared hyperparameters as mapped onto it."""
+def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[str], list[dict], list[dict]]:
+    """train_ppo_ray's command line, the shared hyperparameters as mapped onto it, and where they differ."""
     rc, oc = config["remax"], config["openrlhf"]
     gpus = _gpus(config)
     samples = rc["train_batch_size"] * rc["rollout_n"]
     positions = read_json_object(Path(policy) / "config.json", "policy config").get("max_position_embeddings")
     max_len = rc["max_prompt_length"] + rc["max_response_length"]
-    max_len = min(max_len, positions) if positions else max_len
+    deviations = []
+    if positions and positions < max_len:
+        deviations.append({
+            "key": "remax.max_prompt_length", "shared": rc["max_prompt_length"],
+            "effective": positions - rc["max_response_length"],
+            "cause": f"data.max_len is also vLLM's max_model_len, which may not exceed the policy's "
+                     f"max_position_embeddings ({positions}): the prompt budget is that less max_response_length, "
+                     "which still holds the longest prompt (the shared policy is built for exactly that)"})
+        max_len = positions
     hyper: list[dict] = [
         {"key": "policy.path", "shared": policy, "framework_key": "actor.model_name_or_path", "effective": policy},
         {"key": "seeds", "shared": seed, "framework_key": "train.seed (DeepSpeed/transformers seed, data shuffle; "
@@ -108,8 +116,9 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
          "reward, algo.kl.use_loss off)", "effective": rc["kl_coef"]},
         {"key": "remax.grad_clip", "shared": rc["grad_clip"], "framework_key": "actor.max_norm",
          "effective": rc["grad_clip"]},
-        {"key": "launch.gpus_per_node", "shared": gpus, "framework_key": "actor/ref.num_gpus_per_node, "
-         "vllm.num_engines (tensor_parallel_size 1, colocate_all)", "effective": gpus},
+        {"key": "launch.gpus_per_node", "shared": config["launch"]["gpus_per_node"],
+         "framework_key": "actor/ref.num_gpus_per_node, vllm.num_engines (tensor_parallel_size 1, colocate_all)",
+         "effective": gpus},
     ]
     argv = [
         *container.env_command(_env(config), config, "python3"), "-m", "openrlhf.cli.train_ppo_ray",
@@ -141,11 +150,11 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
         argv.append("--actor.gradient_checkpointing_enable")
     if oc["packing_samples"]:
         argv.append("--ds.packing_samples")
-    return argv, hyper
+    return argv, hyper, deviations
 
 
 def _gpus(config: dict) -> int:
-    """The GPUs OpenRLHF is told it has on the node: on a CPU one pretend GPU (CPU_SETTINGS, Ray resources)."""
+    """The GPUs OpenRLHF is told it has on the node: on a CPU one pretend GPU (CPU_SETTINGS)."""
     return 1 if on_cpu(config) else config["launch"]["gpus_per_node"]
 
 
@@ -186,7 +195,7 @@ unset RAY_ADDRESS
 CPU_ENV = "openrlhf-cpu"
 CPU_SETTINGS: list[dict[str, Any]] = [
     {"env": {"REMAX_BENCH_OPENRLHF_CPU": "1", "REMAX_BENCH_OPENRLHF_CPU_GPUS": "1"},
-     "key": "Ray resources", "gpu": "the node's GPUs (actor, reference and vLLM engines on each)",
+     "key": "launch.gpus_per_node", "gpu": "the node's GPUs (actor, reference and vLLM engines on each)",
      "effective": "one pretend GPU, shared by one actor, one reference and one vLLM engine",
      "cause": "OpenRLHF's placement groups ask Ray for {GPU: 1, CPU: 1} bundles and would wait forever without a GPU; "
               "the CPU layer starts Ray with one pretend GPU"},
@@ -255,12 +264,12 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     # order, again from its start where one pass is shorter than the run (as epochs would; OpenRLHF shuffles them).
     n_prompts = rc["steps"] * rc["train_batch_size"]
     policy = str(Path(inputs["policy"]["path"]).absolute())
-    argv, hyper = _flags(config, seed, out_dir, policy)
+    argv, hyper, deviations = _flags(config, seed, out_dir, policy)
     env_vars = {"PYTHONUNBUFFERED": "1", "REMAX_BENCH_ADVANTAGE_RECORD": f"$RUN_DIR/{ADVANTAGE_BATCH}"}
-    deviations: list[dict] = []
     if on_cpu(config):
-        argv, cpu_env_vars, deviations = cpu_launch(config, policy, argv)
+        argv, cpu_env_vars, cpu_deviations = cpu_launch(config, policy, argv)
         env_vars.update(cpu_env_vars)
+        deviations += cpu_deviations
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     strict_args, strict_env, determinism_record, strict_deviations = determinism(
         config, STRICT + ([] if on_cpu(config) else [BATCH_INVARIANT]), NOT_STRICT)
@@ -388,7 +397,7 @@ def evaluation(run_dir: Path) -> dict | None:
     """Eval greedy accuracy before and after training: vLLM's greedy decoding of the initial policy and of the actor
     OpenRLHF saved (remax/greedy_eval.py, in the run's environment, after the run; OpenRLHF's own evaluation samples
     and runs only after training steps)."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()  # the script runs from the run directory
     plan_ = run_plan(run_dir / LOG, NAME)
     if not (run_dir / CHECKPOINT).is_dir():
         return None

@@ -120,8 +120,9 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         raise HarnessError(f"config: at verl.micro_batch_size_per_gpu: {vc['micro_batch_size_per_gpu']} does not "
                            f"divide the {rows:g} sampled rows each device gets per step (remax.train_batch_size x "
                            "remax.rollout_n / devices); verl's FSDP engine stops at its first forward pass otherwise")
-    table = [
-        # (shared key, shared value, verl key, value passed)
+    table: list[tuple] = [
+        # (shared key, shared value, verl key, value passed[, what that value means in the shared spec's terms, where
+        # verl spells the same setting differently: the report compares meanings, not spellings])
         ("remax.steps", rc["steps"], "trainer.total_training_steps", rc["steps"]),
         ("remax.train_batch_size", rc["train_batch_size"], "data.train_batch_size", rc["train_batch_size"]),
         # One optimizer step per iteration, as in the reference: the PPO mini-batch is the whole batch, one epoch.
@@ -134,19 +135,19 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         ("remax.temperature", rc["temperature"], "actor_rollout_ref.rollout.temperature", rc["temperature"]),
         # vllm_async_server.py passes it to every request: samples, greedy baselines, validation.
         ("remax.generation_length", rc["generation_length"], "actor_rollout_ref.rollout.ignore_eos",
-         rc["generation_length"] == "fixed"),
+         rc["generation_length"] == "fixed", rc["generation_length"]),
         ("remax.top_p", rc["top_p"], "actor_rollout_ref.rollout.top_p", rc["top_p"]),
         ("remax.lr", rc["lr"], "actor_rollout_ref.actor.optim.lr", rc["lr"]),
         ("remax.grad_clip", rc["grad_clip"], "actor_rollout_ref.actor.optim.clip_grad", rc["grad_clip"]),
         ("remax.kl_coef", rc["kl_coef"], "algorithm.kl_ctrl.kl_coef", rc["kl_coef"]),
         # KL placement (harness.remax): per token in the reward, k1 estimator, fixed coefficient, none in the loss.
-        ("remax.kl_coef", "in the reward", "algorithm.use_kl_in_reward", True),
-        ("remax.kl_coef", "k1 (logp - ref_logp)", "algorithm.kl_penalty", "kl"),
-        ("remax.kl_coef", "fixed", "algorithm.kl_ctrl.type", "fixed"),
-        ("remax.kl_coef", "not in the loss", "actor_rollout_ref.actor.use_kl_loss", False),
+        ("remax.kl_coef", "in the reward", "algorithm.use_kl_in_reward", True, "in the reward"),
+        ("remax.kl_coef", "k1 (logp - ref_logp)", "algorithm.kl_penalty", "kl", "k1 (logp - ref_logp)"),
+        ("remax.kl_coef", "fixed", "algorithm.kl_ctrl.type", "fixed", "fixed"),
+        ("remax.kl_coef", "not in the loss", "actor_rollout_ref.actor.use_kl_loss", False, "not in the loss"),
         # Absolute: launch.sh runs verl from the run directory.
         ("policy.path", inputs["policy"]["path"], "actor_rollout_ref.model.path",
-         os.path.abspath(inputs["policy"]["path"])),
+         os.path.abspath(inputs["policy"]["path"]), inputs["policy"]["path"]),
         ("launch.gpus_per_node", launch["gpus_per_node"], "trainer.n_gpus_per_node",
          _verl_devices(config) // launch["nnodes"]),
         ("launch.nnodes", launch["nnodes"], "trainer.nnodes", launch["nnodes"]),
@@ -155,7 +156,7 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
     overrides = [
         "algorithm.adv_estimator=remax",
         "trainer.use_v1=False",
-        *(f"{key}={_hydra_value(value)}" for _, _, key, value in table),
+        *(f"{key}={_hydra_value(value)}" for _, _, key, value, *_ in table),
         f"data.train_files={_hydra_value([str(plan_dir / TRAIN_PARQUET)])}",
         f"data.val_files={_hydra_value([str(plan_dir / VAL_PARQUET)])}",
         "actor_rollout_ref.actor.ppo_epochs=1",
@@ -184,12 +185,13 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
     ]
-    hyperparameters = [{"key": k, "shared": s, "framework_key": fk, "effective": v} for k, s, fk, v in table]
+    hyperparameters = [{"key": k, "shared": s, "framework_key": fk, "effective": v, **({"means": m[0]} if m else {})}
+                       for k, s, fk, v, *m in table]
     return overrides, hyperparameters
 
 
 def _verl_devices(config: dict) -> int:
-    """The devices verl is told it has, over all nodes: on a CPU one pretend GPU (CPU_SETTINGS, Ray resources)."""
+    """The devices verl is told it has, over all nodes: on a CPU one pretend GPU (CPU_SETTINGS)."""
     return 1 if on_cpu(config) else config["launch"]["gpus_per_node"] * config["launch"]["nnodes"]
 
 
@@ -241,7 +243,7 @@ FIXED_LENGTH_DEVIATION = {
 CPU_ENV = "verl-cpu"
 CPU_SETTINGS: list[dict[str, Any]] = [
     {"overrides": ["+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8"],
-     "key": "Ray resources", "gpu": "the node's GPUs", "effective": "one pretend GPU, 8 logical CPUs",
+     "key": "launch.gpus_per_node", "gpu": "the node's GPUs", "effective": "one pretend GPU, 8 logical CPUs",
      "cause": "verl's resource pool asks Ray for a GPU per worker and would wait forever without one; the logical "
               "CPUs only let verl's actors be placed (2 cores do the work)"},
     {"env": {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}, "overrides": ["trainer.device=cpu"],
