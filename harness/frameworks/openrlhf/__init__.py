@@ -397,15 +397,16 @@ def evaluation(run_dir: Path) -> dict | None:
     """Eval greedy accuracy before and after training: vLLM's greedy decoding of the initial policy and of the actor
     OpenRLHF saved (remax/greedy_eval.py, in the run's environment, after the run; OpenRLHF's own evaluation samples
     and runs only after training steps)."""
-    run_dir = Path(run_dir).resolve()  # the script runs from the run directory
+    run_dir = Path(run_dir).resolve()
     plan_ = run_plan(run_dir / LOG, NAME)
     if not (run_dir / CHECKPOINT).is_dir():
         return None
     argv, out = plan_["argv"], run_dir / EVAL_LOG
     env = {**os.environ, **{k: v.replace("$RUN_DIR", str(run_dir)) for k, v in plan_["env_vars"].items()},
            "PYTHONPATH": str(envs.REPO)}
+    # from the caller's working directory, against which the plan's input paths are written
     proc = subprocess.run([*argv[:argv.index("-m")], str(GREEDY_EVAL), str(run_dir), str(out)], capture_output=True,
-                          text=True, env=env, cwd=run_dir)
+                          text=True, env=env)
     if proc.returncode:
         raise HarnessError(f"{GREEDY_EVAL.name} failed on {run_dir} (exit {proc.returncode}):\n"
                            + (proc.stdout + proc.stderr)[-3000:])
