@@ -503,7 +503,8 @@ def test_conformance_table(verl_python, tmp_path):
     proc = run_cli("conformance", "--config", tmp_path / "c.yaml", "--out", tmp_path / "conformance.csv")
     assert proc.returncode == 0, proc.stderr
     table = pd.read_csv(tmp_path / "conformance.csv")
-    assert list(table.columns) == ["framework", "case", "max_abs_diff", "verdict", "note"]
+    assert list(table.columns) == ["framework", "case", "max_abs_diff", "verdict", "note", "source"]
+    assert set(table["source"]) == {"from the validation environment"}
     rows = table.set_index("case")
     assert set(rows.index) == set(CASES) | {"missing_baseline"}
     for name in CASES:
