@@ -35,10 +35,10 @@ import yaml
 
 from harness import HarnessError
 from harness.io import atomic_path, read_json_object, write_json, write_text
+from harness.regression.history import sampled_reward_curve
 from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
-from harness.results.summarize import reward_curve
 
 RECORD = "ab.json"
 PAGE = "index.md"
@@ -220,7 +220,7 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         "pairs": [{k: v for k, v in p.items() if k != "steps"} for p in pairs],
         "phases": _phase_rows(pairs, looks_alpha), "per_seed": _seed_rows(pairs, looks_alpha),
         "behaviour": _behaviour(pairs),
-        "curves": {f"{arm}-s{p['seed']}": reward_curve(p["steps"][arm]).to_dict("list")
+        "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},
         "command": " ".join(["remax-bench", "ab", "--a", a.commit, "--b", b.commit, "--config", str(config),
                              "--out", str(out)]),
