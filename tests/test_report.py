@@ -340,7 +340,7 @@ def test_no_completed_run_still_renders_the_status(tmp_path, frameworks):
 
 
 needs_chromium = pytest.mark.skipif(browser_check.chromium_path() is None,
-                                    reason="chromium not installed (Debian: apt-get install -y chromium)")
+                                    reason="chromium not installed (Debian: apt-get install -y chromium; .ci/run does)")
 
 
 @needs_chromium
@@ -354,14 +354,35 @@ def test_report_loads_in_headless_chromium_without_errors(tmp_path, frameworks):
 
 
 @needs_chromium
-def test_browser_check_catches_a_missing_image_and_a_console_error(tmp_path):
+def test_the_browser_check_sees_what_a_reader_would(tmp_path):
+    """A missing image, a console error, a missing section and a table wider than the window, each named; the same
+    wide table inside a box that scrolls is fine."""
+    wide = "<table><tr>" + "<td>a_long_cell_value</td>" * 120 + "</tr></table>"
     page = tmp_path / "bad.html"
-    page.write_text('<!DOCTYPE html><html><body><img alt="gone" src="missing.png">'
-                    '<script>console.error("synthetic error")</script></body></html>')
-    problems = browser_check.check_page(page, tmp_path / "shot.png")
+    page.write_text('<!DOCTYPE html><html><body><h2>1. Throughput</h2><img alt="gone" src="missing.png">'
+                    f'<script>console.error("synthetic error")</script>{wide}</body></html>')
+    problems = browser_check.check_page(page, sections=["1. Throughput", "2. Transition and step time"])
     assert "image did not load: gone" in problems
     assert "console error: synthetic error" in problems
-    assert any(p.startswith(("browser error", "load failed")) for p in problems)
+    assert any(p.startswith("load failed: file://") for p in problems)
+    assert "section missing: 2. Transition and step time" in problems
+    assert "section missing: 1. Throughput" not in problems
+    too_wide = [p for p in problems if p.startswith("the page is ")]
+    assert len(too_wide) == 1 and "px wide in a 1280 px window: <table>" in too_wide[0], problems
+
+    page.write_text('<!DOCTYPE html><html><body><img alt="pixel" src="data:image/png;base64,'
+                    'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg==">'
+                    f'<div style="overflow-x:auto">{wide}</div></body></html>')
+    assert browser_check.check_page(page, sections=[]) == []
+
+
+@needs_chromium
+@pytest.mark.e2e
+def test_the_micro_pipelines_report_is_clean_in_a_real_browser(micro_pipeline, tmp_path):
+    """Every section present, no console error, every image loaded, nothing wider than a 1280 px window."""
+    shot = tmp_path / "screenshot.png"
+    assert browser_check.check_page(micro_pipeline / "results" / "report" / "index.html", shot) == []
+    assert len(browser_check.report_sections()) == 7 and shot.stat().st_size > 0
 
 
 @pytest.mark.e2e

