@@ -167,16 +167,17 @@ def cmd_conformance(args: argparse.Namespace) -> None:
     """Each configured framework's own advantage code on the shared vectors, in one table for the report."""
     import pandas as pd
 
-    from harness.frameworks import get_adapter
+    from harness.frameworks import conformance_env, get_adapter
     from harness.io import atomic_path
-    from harness.report.tables import VALIDATION_SOURCE
+    from harness.report.tables import shared_vectors_source
 
     config = _config(args)
-    checks = [c for fw in config["frameworks"] if (c := get_adapter(fw).conformance) is not None]
-    tables = [check(config) for check in checks]
+    adapters = [a for fw in config["frameworks"] if (a := get_adapter(fw)).conformance is not None]
+    tables = [a.conformance(config).assign(source=shared_vectors_source(conformance_env(a, config)))  # type: ignore[misc]
+              for a in adapters]
     if not tables:
         raise HarnessError(f"{args.config}: no configured framework has a conformance check")
-    table = pd.concat(tables, ignore_index=True).assign(source=VALIDATION_SOURCE)
+    table = pd.concat(tables, ignore_index=True)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
     print(table.to_string(index=False))

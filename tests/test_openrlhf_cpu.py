@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import yaml
 from conftest import CONFIGS, make_inputs, merged, run_cli, snakemake, tiny_cpu_config
 
 from harness.conformance import reference_advantages
@@ -80,6 +81,27 @@ def test_the_profile_runs_every_framework_on_the_cpu(tmp_path):
     runs = set(re.findall(r"wildcards: framework=(\w+), seed=(\d+)", out))
     assert runs == {(fw, str(s)) for fw in ("reference", "verl", "openrlhf", "dschat") for s in (1, 2, 3)}
     assert "results/envs/openrlhf-cpu.txt" in out and "results/envs/openrlhf.txt" not in out
+    # Conformance is part of the profile, in the runs' own environments (no validation environment to build), and the
+    # report waits for it.
+    job = out[out.index("rule conformance:"):].split("\n\n")[0]
+    assert "results/envs/verl-cpu.txt" in job and "results/envs/openrlhf-cpu.txt" in job and "-validate" not in job
+    assert "results/conformance.csv" in out[out.index("rule report:"):].split("\n\n")[0]
+    (tmp_path / "default").mkdir()
+    default = snakemake(tmp_path / "default", "-n", "--cores", "2", "--configfile", CONFIGS / "cpu.yaml")
+    assert default.returncode == 0 and "rule conformance:" not in default.stdout  # no real framework runs there
+
+
+def test_conformance_on_a_cpu_profile_runs_the_code_that_trained(cpu_inputs, tmp_path):
+    """`remax-bench conformance` (the pipeline's rule) on a CPU profile: OpenRLHF's patched estimator as installed in
+    the runs' environment, on the shared vectors."""
+    config = yaml.safe_load(Path(cpu_inputs["config_path"]).read_text())
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({**config, "frameworks": ["openrlhf"]}))
+    out = tmp_path / "conformance.csv"
+    proc = run_cli("conformance", "--config", tmp_path / "c.yaml", "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(out).set_index("case")
+    assert set(table["framework"]) == {"openrlhf"} and set(table["source"]) == {"shared vectors in openrlhf-cpu"}
+    assert table.loc["outcome", "verdict"] == "match" and table.loc["outcome_kl_in_reward", "verdict"] == "match"
 
 
 def test_the_flash_attn_stand_in_fails_any_call_naming_itself():

@@ -29,6 +29,8 @@ class Adapter:
     env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
+    # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
+    check_env: str | None = None
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
     # against the harness's tokens/s: the report's cross-check says it beside the two figures.
     own_throughput: str = ""
@@ -96,6 +98,15 @@ def on_cpu(config: dict) -> bool:
 def environment(adapter: Adapter, config: dict) -> str | None:
     """The pinned environment a run of this adapter uses under this config (None: embedded, the harness's own)."""
     return adapter.cpu_env if on_cpu(config) else adapter.env
+
+
+def conformance_env(adapter: Adapter, config: dict | None) -> str | None:
+    """The environment the adapter's conformance check runs in: on a CPU profile the runs' own environment (the
+    pipeline has built it already, and the check then tests the very code that trained), else its check
+    environment."""
+    if config is not None and on_cpu(config) and adapter.cpu_env:
+        return adapter.cpu_env
+    return adapter.check_env
 
 
 def not_runnable(adapter: Adapter, config: dict) -> str | None:

@@ -302,7 +302,13 @@ def reward_table(runs: list[Run]) -> pd.DataFrame:
 
 
 CONFORMANCE_COLUMNS = ["framework", "case", "max_abs_diff", "verdict", "note", "source"]
-VALIDATION_SOURCE = "from the validation environment"  # `remax-bench conformance`: the shared vectors
+SHARED_VECTORS = "shared vectors"  # `remax-bench conformance`: harness.conformance.CASES
+
+
+def shared_vectors_source(env: str | None) -> str:
+    """The source column of a `remax-bench conformance` row: the shared vectors, and the environment whose installed
+    framework code computed them (on a CPU profile the runs' own)."""
+    return f"{SHARED_VECTORS} in {env}" if env else SHARED_VECTORS
 
 
 def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.DataFrame | None:
@@ -314,7 +320,7 @@ def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.
         try:
             df = pd.read_csv(path)
             if "source" not in df.columns:  # written before the column existed: the shared vectors
-                df["source"] = VALIDATION_SOURCE
+                df["source"] = SHARED_VECTORS
             missing = [c for c in CONFORMANCE_COLUMNS if c not in df.columns]
             if missing:
                 problems.append(f"{path}: lacks columns {', '.join(missing)}")

@@ -2,7 +2,7 @@ import json
 import os
 
 from harness.config import arms_from_config, validate_config
-from harness.frameworks import environment, get_adapter, not_runnable
+from harness.frameworks import conformance_env, environment, get_adapter, not_runnable
 from harness.results import layout
 
 # The arms of `snakemake ab` (rules/ab.smk) are not part of the experiment: taken out before the config is frozen.
@@ -30,6 +30,8 @@ PLANNED = [fw for fw in FRAMEWORKS if fw not in EMBEDDED]
 # Embedded backends run anywhere; real frameworks where the profile has GPUs, or on a CPU (launch.device cpu) those
 # with a CPU path. The others are still listed by the report, as not run, with the reason.
 RUNNABLE = EMBEDDED + [fw for fw in PLANNED if not_runnable(get_adapter(fw), config) is None]
+# Every real framework this profile runs gets its ReMax advantage checked against the reference (rules/conformance.smk).
+CONFORMING = [fw for fw in RUNNABLE if fw in PLANNED and get_adapter(fw).conformance is not None]
 # A pattern that matches nothing when the list is empty, so a rule without frameworks never matches.
 EMBEDDED_PATTERN = "|".join(EMBEDDED) or "(?!)"
 PLANNED_PATTERN = "|".join(PLANNED) or "(?!)"
@@ -56,6 +58,13 @@ def framework_env_stamp(wildcards):
     if config["container"]["runtime"] == "apptainer":
         return f"{RESULTS}/{layout.IMAGE_RECORD.format(env=env)}"
     return f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}"
+
+
+def conformance_inputs(wildcards):
+    """The environments the conformance checks run in (on a CPU profile the runs' own) and the pinned sources."""
+    envs = sorted({conformance_env(get_adapter(fw), config) for fw in CONFORMING})
+    sources = [config["dschat"]["checkout"]] if "dschat" in CONFORMING else []
+    return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources
 
 
 def image_inputs(wildcards):
@@ -99,7 +108,7 @@ def final_outputs():
         f"{RESULTS}/{layout.REPORT}/throughput.csv",
         f"{RESULTS}/{layout.REPORT}/reward_curve.png",
         f"{RESULTS}/{layout.HISTORY_RECEIPT}",  # every finished pipeline run goes into the history
-    ]
+    ] + ([f"{RESULTS}/{layout.CONFORMANCE}"] if CONFORMING else [])
 
 
 def report_what_finished():

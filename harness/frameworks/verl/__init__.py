@@ -54,6 +54,7 @@ from harness.frameworks.registry import (
     VLLM_HEAD_DIMS,
     Adapter,
     check_vllm_cpu_head_dim,
+    conformance_env,
     on_cpu,
     register_framework,
     run_plan,
@@ -551,7 +552,9 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
 
     from harness.conformance import CASES, reference_advantages
 
-    verl_out = run_verl_conformance(ensure_env(VALIDATE_ENV))
+    env = conformance_env(ADAPTER, config)
+    assert env is not None
+    verl_out = run_verl_conformance(ensure_env(env))
     rows = []
     for name, case in CASES.items():
         ours = reference_advantages(case)
@@ -578,7 +581,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-register_framework(Adapter(
+ADAPTER = register_framework(Adapter(
     name=NAME,
     description=f"verl {VERSION} (legacy PPO trainer, adv_estimator=remax, vLLM rollout, FSDP actor); GPUs, or the CPU "
                 "through vllm-cpu and the harness's CPU layer",
@@ -587,6 +590,7 @@ register_framework(Adapter(
     plan=plan,
     env=ENV,
     cpu_env=CPU_ENV,
+    check_env=VALIDATE_ENV,
     evaluation=evaluation,
     own_throughput="perf/throughput = perf/total_num_tokens / (timing_s/step x n_gpus), per GPU; kept times the "
                    "devices verl was given (one pretend GPU on a CPU). The harness's tokens/s takes its tokens from "
