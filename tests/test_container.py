@@ -44,7 +44,10 @@ def test_a100x8_dry_run_under_apptainer_makes_images_instead_of_venvs(tmp_path, 
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     jobs = job_counts(out)
-    assert jobs["framework_image"] == 3 and "framework_env" not in jobs
+    # the runs' environments are images; the only venvs are the CPU check environments of the conformance rule
+    assert jobs["framework_image"] == 3 and jobs["framework_env"] == 3 and jobs["conformance"] == 1
+    venvs = set(re.findall(r"output: results/envs/([\w-]+)\.txt", out))
+    assert venvs == {"verl-validate", "openrlhf-validate", "dschat-cpu"}, venvs
     assert jobs["plan"] == jobs["run_planned"] == 9
     built = set()
     for block in out.split("rule framework_image:")[1:]:

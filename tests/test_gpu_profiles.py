@@ -22,7 +22,10 @@ def test_a100x8_dry_run_plans_three_frameworks_by_three_seeds(tmp_path, profile)
     assert proc.returncode == 0, out[-3000:]
     jobs = job_counts(out)
     assert jobs["plan"] == jobs["run_planned"] == 9 and jobs["ingest"] == 9
-    assert jobs["framework_env"] == 3 and jobs["dschat_checkout"] == 1
+    # the 3 GPU environments, and the 3 CPU environments the conformance rule checks each framework's ReMax in
+    assert jobs["framework_env"] == 6 and jobs["dschat_checkout"] == 1 and jobs["conformance"] == 1
+    conformance = out.split("rule conformance:")[1].split("\n\n")[0]
+    assert all(f"results/envs/{env}.txt" in conformance for env in ("verl-validate", "openrlhf-validate", "dschat-cpu"))
     assert jobs["report"] == jobs["summarize"] == jobs["history"] == 1
     runs = out.split("rule run_planned:")[1:]
     assert len(runs) == 9
