@@ -10,6 +10,7 @@ import pytest
 
 from harness import HarnessError
 from harness.config import validate_config
+from harness.runtime import launch as launch_module
 from harness.runtime.launch import launch
 from harness.runtime.launch_script import RUN_DIR, launch_script
 
@@ -71,6 +72,19 @@ def test_a_hang_is_killed_at_the_timeout_with_its_children(tmp_path):
     child = int((d / "child.pid").read_text())
     assert not alive(child), "the framework's child process outlived the timeout"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_that_logs_no_step_is_called_possibly_stuck_while_it_runs(tmp_path, monkeypatch, capsys):
+    """A framework that hangs before its first step (a real process that never logs one): the progress lines say it
+    is starting, then that nothing was logged for the stall time. The thresholds are shortened; the hang is real."""
+    monkeypatch.setattr(launch_module, "PROGRESS_EVERY_S", 0.4)
+    monkeypatch.setattr(launch_module, "STALL_S", 1.0)
+    d = plan(tmp_path, "sleep 2.5\n")
+    launch(d, tmp_path / "run", timeout_min=1, config=CONFIG)
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("remax-bench launch: demo seed 1")]
+    assert lines and "starting" in lines[0] and "no step logged yet" in lines[0]
+    assert any("no step logged yet for" in line and "still starting, or stuck?" in line for line in lines[2:]), lines
 
 
 def test_not_a_plan_directory(tmp_path):

@@ -21,6 +21,7 @@ from harness.conformance import reference_advantages
 from harness.frameworks import openrlhf as orl
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime.envs import ensure_env
+from harness.runtime.launch import progress_line, steps_so_far
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -121,7 +122,19 @@ def openrlhf_cpu_run(cpu_inputs, cpu_plan):
     run = cpu_inputs["root"] / "run"
     proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    (cpu_inputs["root"] / "launch.out").write_text(proc.stdout)
     return run
+
+
+def test_the_launch_reports_progress_from_openrlhfs_own_log_as_it_is_written(openrlhf_cpu_run, cpu_inputs):
+    lines = [line for line in (cpu_inputs["root"] / "launch.out").read_text().splitlines()
+             if line.startswith("remax-bench launch: openrlhf seed 1: ")]
+    assert lines, "a run of over a minute printed no progress line"
+    # Each line is read from the log as it stood; on the finished log the same reading gives the last step.
+    steps = steps_so_far(openrlhf_cpu_run, "openrlhf")
+    assert steps is not None and list(steps["step"]) == [1, 2]
+    line = progress_line("openrlhf seed 1", steps, 2, 100.0, 0.0)
+    assert re.fullmatch(r"openrlhf seed 1: step 2 of 2, [\d,]+ tokens/s so far, about 0\.0 min left", line), line
 
 
 def logged_steps(run):
@@ -152,6 +165,20 @@ def test_openrlhf_trains_remax_on_the_cpu_and_ingest_gives_what_it_logged(openrl
     assert any(d["actor_grad_norm"] > 0 for d in logged.values())  # a step that moved the weights
     console = (openrlhf_cpu_run / "console.log").read_text()
     assert "remax-bench flash_attn stand-in called" not in console
+
+
+def test_a_cpu_run_has_mfu_against_this_machines_measured_bf16_peak(openrlhf_cpu_run, cpu_inputs, tmp_path):
+    manifest = json.loads((openrlhf_cpu_run / "manifest.json").read_text())
+    peak = manifest["peak_flops"]
+    assert peak["source"].startswith("measured: bf16 512x512 matmuls") and peak["flops"] > 1e9
+    metrics, summary = tmp_path / "m.parquet", tmp_path / "summary.csv"
+    assert run_cli("ingest", "openrlhf", openrlhf_cpu_run, "--out", metrics).returncode == 0
+    proc = run_cli("summarize", "--config", cpu_inputs["config_path"], "--metrics", metrics, "--runs", openrlhf_cpu_run,
+                   "--policy", cpu_inputs["inputs"] / "policy", "--out", summary)
+    assert proc.returncode == 0, proc.stderr
+    row = pd.read_csv(summary).iloc[0]
+    assert row["peak_flops"] == peak["flops"] and row["peak_source"] == peak["source"]
+    assert all(0 < row[c] < 1 for c in ("mfu_gen", "mfu_train", "mfu_step")), row
 
 
 def test_every_weight_sync_is_read_back_from_the_rollout_engine(openrlhf_cpu_run):

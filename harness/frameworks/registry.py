@@ -29,6 +29,9 @@ class Adapter:
     env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
+    # The dtype its training matmuls run in on a CPU run, which its MFU's measured peak uses (verl: FSDP's bf16 mixed
+    # precision; OpenRLHF: --ds.param_dtype bf16; DeepSpeed-Chat: --actor_bf16, forced on the CPU)
+    cpu_dtype: str = "bf16"
     # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
     check_env: str | None = None
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,

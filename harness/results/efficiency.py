@@ -17,6 +17,7 @@ its samples, prefix caching) is not deducted, so it shows as a higher MFU, and r
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +104,29 @@ def run_peak(run_dir: Path, n_gpus: int) -> tuple[float | None, str]:
     return peak * n_gpus, f"{gpus[0]} bf16 data-sheet peak x {n_gpus}"
 
 
-def cpu_matmul_peak(seconds: float = 0.3, size: int = 512) -> float:
-    """FLOP/s of fp32 matmuls on this process's torch threads, now: the best of a few timed batches."""
+def framework_cpu_peak(dtype: str) -> dict:
+    """The peak a framework's CPU run is measured against: `dtype` matmuls (the dtype it trains in) on every core,
+    as its processes use them, measured in the run's timed slot before it starts. On a CPU with bf16 instructions
+    (avx512_bf16, AMX) the bf16 rate is many times the fp32 one, so the dtype matters as much as on a GPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        flops = cpu_matmul_peak(dtype=dtype)
+        return {"flops": flops, "source": f"measured: {dtype} 512x512 matmuls on {torch.get_num_threads()} torch "
+                                          "threads (all cores), before the run"}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cpu_matmul_peak(seconds: float = 0.3, size: int = 512, dtype: str = "fp32") -> float:
+    """FLOP/s of `dtype` matmuls on this process's torch threads, now: the best of a few timed batches."""
     import torch
 
     g = torch.Generator().manual_seed(0)  # its own: the run's random stream stays untouched
-    a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a, b = (torch.randn(size, size, generator=g).to(torch_dtype) for _ in range(2))
     a @ b  # first call allocates and picks its kernel
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:

@@ -15,10 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from harness import HarnessError
 from harness.frameworks import get_adapter
 from harness.io import atomic_path, read_json_object, write_json
 from harness.results import layout
+from harness.results.efficiency import framework_cpu_peak
 from harness.runtime import container
 from harness.runtime.container import env_command
 from harness.runtime.manifest import build_manifest
@@ -88,6 +91,58 @@ def write_evaluation(run_dir: Path, framework: str) -> None:
     write_json(run_dir / EVAL, record)
 
 
+PROGRESS_EVERY_S = 30.0  # a progress line this often while a framework runs
+STALL_S = 300.0  # no new step for this long: the progress line asks whether the run is stuck
+
+
+def steps_so_far(run_dir: Path, framework: str) -> pd.DataFrame | None:
+    """The steps a running framework has logged so far, read from its own log by its adapter's ingest; None where
+    nothing can be read yet (no log, or a line half-written: read again at the next look)."""
+    try:
+        adapter = get_adapter(framework)
+        steps = adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
+    except (HarnessError, OSError, ValueError, KeyError):
+        return None
+    return steps if len(steps) else None
+
+
+def progress_line(who: str, steps: pd.DataFrame | None, total_steps: int, elapsed_s: float, quiet_s: float) -> str:
+    """Step N of M, the median tokens/s so far and the time left at the median step time; or, after STALL_S without
+    a new step, that the run may be stuck."""
+    done = int(steps["step"].max()) if steps is not None else 0
+    if quiet_s >= STALL_S:
+        what = f"no new step after step {done} of {total_steps}" if done else "no step logged yet"
+        return (f"{who}: {what} for {quiet_s / 60:.1f} min ({elapsed_s / 60:.1f} min since start): still starting, "
+                "or stuck?")
+    if steps is None:
+        return f"{who}: starting ({elapsed_s / 60:.1f} min), no step logged yet"
+    left = float(steps["time_step_s"].median()) * max(0, total_steps - done)
+    return (f"{who}: step {done} of {total_steps}, {float(steps['throughput_tok_s'].median()):,.0f} tokens/s so far, "
+            f"about {left / 60:.1f} min left")
+
+
+def wait_reporting_progress(proc: subprocess.Popen, run_dir: Path, plan: dict, total_steps: int,
+                            timeout_s: float) -> bool:
+    """Wait for the framework's process, printing a progress line every PROGRESS_EVERY_S; True if it timed out."""
+    start = last_step_at = time.monotonic()
+    logged = 0
+    while True:
+        try:
+            proc.wait(timeout=min(PROGRESS_EVERY_S, max(0.0, start + timeout_s - time.monotonic())))
+            return False
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if now - start >= timeout_s:
+                return True
+        steps = steps_so_far(run_dir, plan["framework"])
+        done = int(steps["step"].max()) if steps is not None else 0
+        if done > logged:
+            logged, last_step_at = done, now
+        line = progress_line(f"{plan['framework']} seed {plan['seed']}", steps, total_steps, now - start,
+                             now - last_step_at)
+        print(f"remax-bench launch: {line}", flush=True)
+
+
 def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config: dict) -> None:
     plan_dir, run_dir = Path(plan_dir).resolve(), Path(run_dir)
     script = plan_dir / "launch.sh"
@@ -98,18 +153,17 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
     with atomic_path(run_dir, owner=layout.run_owner(plan["framework"], plan["seed"])) as tmp:
         tmp.mkdir()
         shutil.copy2(plan_dir / "plan.json", tmp / "plan.json")
+        # A CPU run's MFU peak: this machine's rate at the framework's dtype, measured here, in the run's timed slot.
+        peak = framework_cpu_peak(get_adapter(plan["framework"]).cpu_dtype) if plan.get("n_gpus") == 0 else None
         start = time.time()
         with open(tmp / CONSOLE_LOG, "w") as console:
             # Own process group: a timeout kills the framework's whole tree (Ray, launcher workers), not just bash.
             proc = subprocess.Popen(["bash", str(script), str(tmp.resolve())], cwd=plan_dir, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                proc.wait(timeout=timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
+            timed_out = wait_reporting_progress(proc, tmp, plan, config["remax"]["steps"], timeout_s)
+            if timed_out:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                timed_out = True
         if timed_out or proc.returncode != 0:
             reason = exit_reason(proc.returncode, timed_out, timeout_s)
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
@@ -120,5 +174,5 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],
             seed=plan["seed"], config=config, inputs=plan["inputs"],
             extra={"environment": environment_record(plan.get("env"), config),
-                   "timed_window": {"start": start, "end": time.time()}},
+                   "timed_window": {"start": start, "end": time.time()}, **({"peak_flops": peak} if peak else {})},
         ))

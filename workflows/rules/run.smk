@@ -46,5 +46,6 @@ rule run_planned:
         nodes=config["launch"]["nnodes"],
         runtime=config["launch"]["timeout_min"] + 10,
     shell:
+        # the job log and the console both get the launcher's progress lines (Snakemake's bash has pipefail)
         "remax-bench launch {input.plan:q} --config {input.config:q} --out {output:q} --timeout-min {params.timeout_min:q}"
-        " > {log:q} 2>&1"
+        " 2>&1 | tee {log:q}"
