@@ -7,15 +7,18 @@ checked against the step lines OpenRLHF printed in the same run. Building the en
 
 import ast
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import CONFIGS, make_inputs, merged, run_cli, snakemake, tiny_cpu_config
+from conftest import BIN, CONFIGS, make_inputs, merged, run_cli, snakemake, tiny_cpu_config
 
 from harness.conformance import reference_advantages
 from harness.frameworks import openrlhf as orl
@@ -241,6 +244,38 @@ def test_a_reward_server_that_does_not_answer_fails_the_run_naming_it(openrlhf_c
     assert "run failed: exit code" in proc.stderr and "last lines of console.log" in proc.stderr
     assert "RewardRequestError" in proc.stderr and "http://127.0.0.1:9/get_reward" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_rollout_engine_that_dies_fails_the_run_naming_it(cpu_plan, cpu_inputs, tmp_path):
+    """A real fault: the vLLM engine's Ray actor process is killed (as the OOM killer would) while it starts. OpenRLHF
+    then either fails creating the weight-sync group or waits in it for the dead engine; either way the launch fails
+    naming the rollout engine and its pid, with the log tail (a hang at the launch's timeout), and leaves no run
+    directory and none of its processes behind."""
+    ensure_env(orl.CPU_ENV)
+    out = tmp_path / "run"
+    launch = subprocess.Popen([str(BIN / "remax-bench"), "launch", str(cpu_plan), "--config",
+                               str(cpu_inputs["config_path"]), "--out", str(out), "--timeout-min", "3"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The engine, once it has printed its first line into the run's console log (Ray prefixes it with its class and
+    # pid): killed while it loads the model.
+    printed = re.compile(r"\(RolloutRayActor pid=(\d+)\)")
+    engine = None
+    deadline = time.monotonic() + 150
+    while engine is None and launch.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for console in tmp_path.glob(".run.*/run/console.log"):
+            found = printed.search(console.read_text(errors="replace"))
+            engine = int(found.group(1)) if found else None
+    assert engine is not None, "no rollout engine process appeared: " + "".join(launch.communicate()[1:])[-3000:]
+    os.kill(engine, signal.SIGKILL)
+    stdout, stderr = launch.communicate(timeout=400)
+    assert launch.returncode == 2, stdout[-2000:] + stderr[-3000:]
+    first = stderr.splitlines()[0]
+    died = f"a rollout engine (vLLM) died (Ray actor RolloutRayActor, pid {engine})"
+    assert ("run failed: exit code" in first or "run failed: timed out after 3 min" in first) and died in first, first
+    assert "last lines of console.log" in stderr and not out.exists()
+    left = subprocess.run(["pgrep", "-fa", "train_ppo_ray|^ray::"], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if "<defunct>" not in line], left
 
 
 def test_the_fairness_table_highlights_only_differences_with_a_cause(tmp_path):

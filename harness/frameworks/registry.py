@@ -9,7 +9,7 @@ not at all, for the reason `cpu_blocker` gives. Nothing outside this package kno
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +29,8 @@ class Adapter:
     env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
+    # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)")
+    ray_roles: dict[str, str] = field(default_factory=dict)
     # The dtype its training matmuls run in on a CPU run, which its MFU's measured peak uses (verl: FSDP's bf16 mixed
     # precision; OpenRLHF: --ds.param_dtype bf16; DeepSpeed-Chat: --actor_bf16, forced on the CPU)
     cpu_dtype: str = "bf16"

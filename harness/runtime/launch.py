@@ -7,7 +7,9 @@ timeout the exit reason and the log tail are printed, and nothing is left that l
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +37,39 @@ def tail(path: Path, lines: int = 40) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+# What Ray prints when an actor's process dies (ray.exceptions.ActorDiedError with its ActorDiedErrorContext)
+ACTOR_DIED = re.compile(r"The actor died unexpectedly before finishing this task\.\s+class_name: (\w+)"
+                        r"(?:(?:\n\s+\w+: .*)*?\n\s+pid: (\d+))?")
+
+
+# What Ray's node manager prints when a worker process dies under a task (an actor's __init__ included), where the
+# driver may never get an ActorDiedError: it can wait for the dead actor until the launch's timeout
+WORKER_DIED = re.compile(r"A worker died or was killed while executing a task by an unexpected system error\..*?"
+                         r"Worker PID: (\d+)")
+
+
+def failure_cause(log_text: str, framework: str) -> str:
+    """The cause a failed run's log names, in the field's words, where it names one: a Ray actor whose process died
+    (the framework's role for that actor class, and its pid); "" otherwise."""
+    died = ACTOR_DIED.search(log_text)
+    if died is not None:
+        actor, pid = died.group(1), died.group(2)
+    elif (worker := WORKER_DIED.search(log_text)) is not None:
+        pid = worker.group(1)
+        # Ray prefixes each line a worker prints with its actor class and pid: "(RolloutRayActor pid=4242)"
+        printed = re.search(rf"\((\w+) pid={pid}\)", log_text)
+        if printed is None:
+            return f"a Ray worker died (pid {pid})"
+        actor = printed.group(1)
+    else:
+        return ""
+    try:
+        roles = get_adapter(framework).ray_roles
+    except HarnessError:
+        roles = {}
+    return f"{roles.get(actor, f'Ray actor {actor}')} died (Ray actor {actor}{f', pid {pid}' if pid else ''})"
 
 
 def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
@@ -161,11 +196,15 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             proc = subprocess.Popen(["bash", str(script), str(tmp.resolve())], cwd=plan_dir, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             timed_out = wait_reporting_progress(proc, tmp, plan, config["remax"]["steps"], timeout_s)
-            if timed_out:
+            # Whatever of its tree is still running (all of it on a timeout; after a crash an orphaned engine or
+            # worker) goes too: the next run needs these cores and ports.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
         if timed_out or proc.returncode != 0:
             reason = exit_reason(proc.returncode, timed_out, timeout_s)
+            cause = failure_cause((tmp / CONSOLE_LOG).read_text(errors="replace"), plan["framework"])
+            reason += f": {cause}" if cause else ""
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
                                + tail(tmp / CONSOLE_LOG))
         write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})

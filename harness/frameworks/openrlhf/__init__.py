@@ -541,6 +541,8 @@ ADAPTER = register_framework(Adapter(
     env=ENV,
     cpu_env=CPU_ENV,
     check_env=VALIDATE_ENV,
+    ray_roles={"RolloutRayActor": "a rollout engine (vLLM)", "PolicyModelActor": "the actor (DeepSpeed training)",
+               "ReferenceModelActor": "the reference model"},
     conformance=conformance,
     evaluation=evaluation,
     run_conformance=run_conformance,
