@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from harness.io import atomic_path
 from harness.report.runs import Run
@@ -72,6 +73,9 @@ def throughput_figure(table: pd.DataFrame, colors: dict, dest: Path) -> bytes:
                 ax.text(v, yi, f" {fmt(v)}", va="bottom", ha="left", fontsize=9)
         ax.set_yticks(y, table["framework"])
         ax.set_xlim(0, np.nanmax(table[f"{col}_max"].to_numpy()) * 1.25)
+        # At most 4 ticks with thousands separated: a panel a third of the figure wide fits them at any magnitude.
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt(v)))
         ax.set(title=title, xlabel="tokens/s (median; bar: min-max over seeds)")
     fig.tight_layout()
     return _png(fig, dest)
