@@ -141,10 +141,14 @@ def steps_so_far(run_dir: Path, framework: str) -> pd.DataFrame | None:
     return steps if len(steps) else None
 
 
+def last_step(steps: pd.DataFrame | None) -> int:
+    return int(steps["step"].max()) if steps is not None else 0
+
+
 def progress_line(who: str, steps: pd.DataFrame | None, total_steps: int, elapsed_s: float, quiet_s: float) -> str:
     """Step N of M, the median tokens/s so far and the time left at the median step time; or, after STALL_S without
     a new step, that the run may be stuck."""
-    done = int(steps["step"].max()) if steps is not None else 0
+    done = last_step(steps)
     if quiet_s >= STALL_S:
         what = f"no new step after step {done} of {total_steps}" if done else "no step logged yet"
         return (f"{who}: {what} for {quiet_s / 60:.1f} min ({elapsed_s / 60:.1f} min since start): still starting, "
@@ -170,9 +174,8 @@ def wait_reporting_progress(proc: subprocess.Popen, run_dir: Path, plan: dict, t
             if now - start >= timeout_s:
                 return True
         steps = steps_so_far(run_dir, plan["framework"])
-        done = int(steps["step"].max()) if steps is not None else 0
-        if done > logged:
-            logged, last_step_at = done, now
+        if last_step(steps) > logged:
+            logged, last_step_at = last_step(steps), now
         line = progress_line(f"{plan['framework']} seed {plan['seed']}", steps, total_steps, now - start,
                              now - last_step_at)
         print(f"remax-bench launch: {line}", flush=True)
