@@ -11,7 +11,7 @@ import pytest
 from harness import HarnessError
 from harness.config import validate_config
 from harness.runtime import launch as launch_module
-from harness.runtime.launch import launch
+from harness.runtime.launch import failure_cause, launch
 from harness.runtime.launch_script import RUN_DIR, launch_script
 
 CONFIG = validate_config({})
@@ -85,6 +85,19 @@ def test_a_run_that_logs_no_step_is_called_possibly_stuck_while_it_runs(tmp_path
     lines = [line for line in out if line.startswith("remax-bench launch: demo seed 1")]
     assert lines and "starting" in lines[0] and "no step logged yet" in lines[0]
     assert any("no step logged yet for" in line and "still starting, or stuck?" in line for line in lines[2:]), lines
+
+
+def test_a_dead_ray_actor_in_the_log_is_named_by_its_role():
+    # The lines ray.exceptions.ActorDiedError prints with its ActorDiedErrorContext (Ray 2.55.0, exceptions.py:
+    # BASE_ERROR_MSG, then "\tclass_name:", "\tactor_id:", "\tpid:", "\tnamespace:", "\tip:" lines); a real run
+    # that reaches them is tests/test_openrlhf_cpu.py's killed engine (there through Ray's worker-death line).
+    log = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+           "\tclass_name: RolloutRayActor\n\tactor_id: 5c1d0a\n\tpid: 4242\n\tnamespace: 9f\n\tip: 10.0.0.1\n"
+           "The actor is dead because its worker process has died.\n")
+    assert failure_cause(log, "openrlhf") == "a rollout engine (vLLM) died (Ray actor RolloutRayActor, pid 4242)"
+    assert failure_cause(log.replace("RolloutRayActor", "WorkerDict"), "verl") == \
+        "Ray actor WorkerDict died (pid 4242)"
+    assert failure_cause("Traceback ...\nValueError: bad\n", "openrlhf") == ""
 
 
 def test_not_a_plan_directory(tmp_path):

@@ -69,7 +69,8 @@ def failure_cause(log_text: str, framework: str) -> str:
         roles = get_adapter(framework).ray_roles
     except HarnessError:
         roles = {}
-    return f"{roles.get(actor, f'Ray actor {actor}')} died (Ray actor {actor}{f', pid {pid}' if pid else ''})"
+    role, at = roles.get(actor), f"pid {pid}" if pid else "pid unknown"
+    return f"{role} died (Ray actor {actor}, {at})" if role else f"Ray actor {actor} died ({at})"
 
 
 def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
