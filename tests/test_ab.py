@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
+from harness.io import write_json
+from harness.regression.ab import _seed_rows
 from harness.regression.paired import decide, t_quantile
 
 # One short config both arms run: 2 seeds of the reference backend, a few seconds a run; 60 steps so that a run's
@@ -72,6 +74,18 @@ def test_a_against_a_is_not_called_slower_beyond_the_stated_rate_over_all_looks(
     assert same[0]["text"].startswith("no difference larger than ")
 
 
+def test_a_seed_with_one_pair_has_no_interval_and_the_record_is_still_written(tmp_path):
+    """A verdict after 3 pairs of 2 seeds leaves seed 2 one pair: its interval is unknown (null), not Infinity, which
+    ab.json cannot hold (found in CI: the A/B ended without its record)."""
+    pairs = [{"seed": s, "A_throughput_tok_s": 100.0, "B_throughput_tok_s": b} for s, b in ((1, 30.0), (2, 28.0),
+                                                                                            (1, 29.0))]
+    rows = {r["seed"]: r for r in _seed_rows(pairs, 0.01)}
+    assert rows[2]["pairs"] == 1 and rows[2]["low"] is None and rows[2]["high"] is None
+    assert rows[1]["low"] is not None and rows[1]["low"] < rows[1]["ratio"] < rows[1]["high"]
+    write_json(tmp_path / "ab.json", {"per_seed": list(rows.values())})
+    assert json.loads((tmp_path / "ab.json").read_text())["per_seed"][1]["high"] is None
+
+
 def test_too_few_pairs_for_the_noise_is_inconclusive_with_the_pairs_needed():
     verdict = sequence(np.random.default_rng(3), 1.0, 0.2, max_pairs=4)
     assert verdict["verdict"] == "inconclusive" and verdict["more_pairs"] > 0
@@ -100,6 +114,7 @@ def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour
     out = tmp_path / "ab"
     proc = run_cli("ab", "--a", "HEAD~1", "--b", "HEAD", "--config", config, "--out", out, "--max-pairs", 10,
                    "--max-minutes", 10, cwd=clone)
+    assert (out / "ab.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((out / "ab.json").read_text())
     assert proc.returncode == 1, proc.stdout + proc.stderr  # exit 1: slower
     assert record["verdict"]["verdict"] == "slower" and record["verdict"]["change"] > 0

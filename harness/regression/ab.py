@@ -228,8 +228,10 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
 
 
 def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:
+    """B/A with its interval; one pair has no spread, so no interval (null in ab.json, which holds no Infinity)."""
     mean, lo, hi = interval(ratios, alpha)
-    return {"figure": name, "ratio": math.exp(mean), "low": math.exp(lo), "high": math.exp(hi), "pairs": len(ratios)}
+    low, high = (math.exp(x) if math.isfinite(x) else None for x in (lo, hi))
+    return {"figure": name, "ratio": math.exp(mean), "low": low, "high": high, "pairs": len(ratios)}
 
 
 def _phase_rows(pairs: list[dict], alpha: float) -> list[dict]:
@@ -259,8 +261,8 @@ def _behaviour(pairs: list[dict]) -> list[dict]:
             for s, runs in sorted(first.items())]
 
 
-def _pct(x: float) -> str:
-    return "n/a" if not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
 
 
 def page(record: dict) -> str:
