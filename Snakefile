@@ -31,5 +31,9 @@ rule all:
         final_outputs(),
 
 
+onstart:
+    stop_without_scheduler()
+
+
 onerror:
     report_what_finished()

@@ -4,6 +4,7 @@ not run (docs/report.md). A failed or missing run is a status here, never an err
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,36 @@ def _logs_tail(results: Path, run: Run) -> str:
         if tail:
             parts.append(f"==> {log} <==\n{tail}")
     return "\n\n".join(parts)
+
+
+# slurmstepd's line in a job's output when SLURM ends it (SLURM 22.05: src/slurmd/slurmstepd/req.c), e.g.
+# "slurmstepd-vm: error: *** JOB 22 ON vm CANCELLED AT 2026-12-04T06:26:54 DUE TO TIME LIMIT ***"; a job step's
+# reads "*** STEP 23.0 ON ...", a plain scancel has no "DUE TO" and releases before 17.11 no "ON <node>".
+SLURM_END = re.compile(r"\*\*\* (?:JOB|STEP) (\d+)\S*(?: ON \S+)? CANCELLED AT (\S+)(?: DUE TO (.+?))? \*\*\*")
+SLURM_CAUSES = {None: "cancelled in SLURM (scancel, by a user or an administrator)",
+                "TIME LIMIT": "killed by SLURM at the job's time limit (the rule's runtime resource)"}
+
+
+def slurm_end(results: Path, run: Run) -> tuple[str, str] | None:
+    """Why SLURM ended the job that made this run, and that job's log tail, from the job's own log: Snakemake's SLURM
+    executor (plugin 2.8) writes it to .snakemake/slurm_logs/rule_<rule>/<wildcards joined by _>/<job id>.log in the
+    working directory (the one that holds `results`) and keeps it when the job fails. None where there is no such
+    log with SLURM's end in it (a local run, or a job that failed by itself)."""
+    logs = results.resolve().parent / ".snakemake" / "slurm_logs"
+    found = []
+    for log in logs.glob(f"rule_run_*/{run.framework}_{run.seed}/*.log"):
+        text = log.read_text(errors="replace")
+        end = SLURM_END.search(text)
+        if end:
+            found.append((int(end.group(1)), end, log, text))
+    if not found:
+        return None
+    job, end, log, text = max(found, key=lambda f: f[0])  # the latest job that made this run
+    cause = SLURM_CAUSES.get(end.group(3), f"ended by SLURM: {(end.group(3) or '').lower()}")
+    # from a few lines before SLURM's end: what follows it is the job's own shutdown
+    lines = text[:end.start()].count("\n")
+    tail = "\n".join(text.rstrip().splitlines()[max(0, lines - 5):][:LOG_TAIL_LINES])
+    return f"{cause}: job {job} at {end.group(2)} ({log})", f"==> {log} <==\n{tail}"
 
 
 def adapter_of(name: str) -> Adapter | None:
@@ -165,6 +196,10 @@ def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
                 run.status, run.reason = _without_metrics(results, run, adapter, config)
             if run.status == "failed":
                 run.log_tail = _logs_tail(results, run)
+                ended = slurm_end(results, run) if run.metrics is None else None
+                if ended:
+                    run.reason = f"{ended[0]}; {run.reason}"
+                    run.log_tail = "\n\n".join(t for t in (run.log_tail, ended[1]) if t)
             eval_path = run_dir / "eval.json"
             if run.status == "ok" and eval_path.is_file():
                 try:

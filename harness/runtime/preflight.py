@@ -213,6 +213,56 @@ def ray_rows(commands: Callable[[], list[str]] = process_commands) -> list[dict]
                  "ray stop --force (with an environment's ray), or end the job that started it")]
 
 
+SLURM_CLIENTS = ("sbatch", "squeue", "sinfo", "scontrol")
+
+
+def slurm_rows(partition: str | None, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[dict]:
+    """Before the SLURM profile submits its first job: SLURM's commands, the controller and munge behind it, the
+    partition the jobs ask for. Without these every job would fail at its sbatch, each with its own wall of text."""
+    missing = [c for c in SLURM_CLIENTS if shutil.which(c) is None]
+    rows = [_row("SLURM commands", not missing, f"not on PATH: {', '.join(missing)}" if missing else "all on PATH",
+                 "run from a node of the cluster (its login node), or install SLURM's client (Debian: slurm-client)")]
+    if missing:
+        return rows + [_skip("SLURM controller", "no scontrol"), _skip("SLURM partition", "no sinfo")]
+
+    def ask(*argv: str) -> tuple[bool, str]:
+        try:
+            proc = run(list(argv), capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return False, f"{argv[0]} did not answer in 60 s"
+        text = (proc.stdout + proc.stderr).strip()
+        return proc.returncode == 0, text
+
+    ok, said = ask("scontrol", "ping")
+    lines = said.splitlines()
+    munge = [line for line in lines if "munge" in line.lower()]
+    if munge:  # every request is signed by munge: without munged no command reaches the controller
+        said = next((line for line in munge if "failed" in line.lower()), munge[0])  # not the "restart with" hint
+        rows.append(_row("munge", False, said.split("error: ", 1)[-1],
+                         "start munged on this node (systemctl start munge; the cluster's key in /etc/munge)"))
+    rows.append(_row("SLURM controller", ok, lines[0] if lines else "scontrol ping said nothing",
+                     "start slurmctld, or point this node at the cluster's (SlurmctldHost in slurm.conf)"))
+    if not ok:
+        return rows + [_skip("SLURM partition", "no controller to ask")]
+    ok, said = ask("sinfo", "-h", "-o", "%P")
+    known = said.split() if ok else []
+    default = next((p.rstrip("*") for p in known if p.endswith("*")), None)
+    names = [p.rstrip("*") for p in known]
+    if partition is None:
+        rows.append(_row("SLURM partition", default is not None,
+                         f"none given; the cluster's default is {default}" if default else
+                         f"none given and the cluster has no default (partitions: {', '.join(names) or 'none'})",
+                         "set slurm_partition in workflows/profiles/slurm/config.yaml "
+                         "(or --default-resources slurm_partition=NAME)"))
+    else:
+        rows.append(_row("SLURM partition", partition in names,
+                         f"{partition} ({'known' if partition in names else 'unknown here'}; "
+                         f"the cluster has: {', '.join(names) or 'none'})",
+                         "set slurm_partition in workflows/profiles/slurm/config.yaml "
+                         "(or --default-resources slurm_partition=NAME)"))
+    return rows
+
+
 def checkpoint_paths(config: dict) -> tuple[Path | None, Path | None]:
     """The policy and reward checkpoints the config names (None: the pipeline builds it, nothing to check yet)."""
     policy = Path(os.path.expanduser(config["policy"]["path"])) if config["policy"]["path"] else None

@@ -111,6 +111,19 @@ def final_outputs():
     ] + ([f"{RESULTS}/{layout.CONFORMANCE}"] if CONFORMING else [])
 
 
+def stop_without_scheduler():
+    """Under the SLURM executor, before the first sbatch: SLURM's commands, munge, the controller and the partition
+    (harness/runtime/preflight.py slurm_rows). Dry runs never get here, so they need no SLURM."""
+    if workflow.executor_plugin is None or workflow.executor_plugin.name != "slurm":
+        return
+    from harness.runtime.preflight import render, slurm_rows
+
+    partition = (workflow.resource_settings.default_resources or {}).get("slurm_partition")
+    rows = slurm_rows(partition.raw if partition is not None else None)
+    if any(r["status"] == "fail" for r in rows):
+        raise WorkflowError(f"this machine cannot submit to SLURM; nothing was submitted\n{render(rows)}")
+
+
 def report_what_finished():
     """After a failed job: render the report from the runs that finished; it marks the others as failed.
 
