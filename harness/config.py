@@ -107,9 +107,6 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if not_run:
         raise HarnessError(f"{source}: at reproducibility.repeat_seeds: seed(s) {not_run} are not in seeds "
                            f"{config['seeds']}: only a run that exists can be repeated")
-    if config["launch"]["device"] == "cpu" and config["launch"]["nnodes"] != 1:
-        raise HarnessError(f"{source}: at launch.nnodes: a CPU run (launch.device cpu) is one machine, "
-                           f"not {config['launch']['nnodes']} nodes")
     tc = config["task"]
     if tc["kind"] == "file" and not tc["path"]:
         raise HarnessError(f"{source}: at task.path: task.kind file needs the dataset's path")

@@ -518,3 +518,30 @@ def test_conformance_table(verl_python, tmp_path):
     # verl 0.9.1 refuses a batch without the greedy baselines (a TypeError in its advantage step), as ReMax must
     assert missing["verdict"] == "match" and math.isnan(missing["max_abs_diff"])
     assert "verl raises TypeError" in missing["note"] and "reward_baselines" in missing["note"]
+
+
+def test_a_two_node_plan_starts_a_ray_cluster_across_the_slurm_allocation_and_the_others_say_why_not(a100x8,
+                                                                                                       tmp_path):
+    raw = yaml.safe_load(a100x8["config_path"].read_text())
+    raw["launch"]["nnodes"] = 2
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    proc = run_cli("plan", "verl", "--config", config, "--seed", 1, "--inputs", a100x8["inputs"], "--out",
+                   tmp_path / "plan")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert {"trainer.nnodes=2", "trainer.n_gpus_per_node=8"} <= set(plan["argv"])
+    script = (tmp_path / "plan" / "launch.sh").read_text()
+    # the head on the allocation's first node, a worker on the other through srun, the driver pointed at the head
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
+    assert re.search(r'srun --nodes=1 --ntasks=1 -w "\$\{RAY_NODES\[0\]\}" \S+/ray start --head .*--num-gpus 8', script)
+    assert re.search(r'srun --nodes=1 --ntasks=1 -w "\$node" \S+/ray start --address="\$RAY_HEAD_IP:6379"', script)
+    assert script.index('export RAY_ADDRESS="$RAY_HEAD_IP:6379"') < script.index("verl.trainer.main_ppo")
+    subprocess.run(["bash", "-n", tmp_path / "plan" / "launch.sh"], check=True)
+
+    from harness.config import load_config
+    from harness.frameworks import get_adapter, not_runnable
+    two = load_config(config)
+    assert not_runnable(get_adapter("verl"), two) is None
+    for name in ("reference", "openrlhf", "dschat"):
+        assert not_runnable(get_adapter(name), two).startswith("one node only (launch.nnodes is 2): ")

@@ -6,6 +6,7 @@ against what verl itself wrote to its file logger in the same run. Building the 
 
 import json
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -171,3 +172,40 @@ def test_a_crashing_verl_run_is_failed_with_its_log_tail(verl_cpu_run, cpu_plan,
     assert "run failed: exit code" in proc.stderr and "last lines of console.log" in proc.stderr
     assert "train.parquet" in proc.stderr  # the cause, in the tail
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------- more than one node, for real
+
+def test_two_nodes_a_ray_head_and_a_worker_each_with_its_gpu_train_remax_and_ingest(cpu_inputs, tmp_path):
+    """launch.nnodes 2 on the CPU: launch.sh starts a Ray head and a Ray worker on this machine, one pretend GPU
+    each, and verl runs across them: two data-parallel workers, which Ray can only place one per node."""
+    raw = yaml.safe_load(cpu_inputs["config_path"].read_text())
+    raw["launch"]["nnodes"] = 2
+    raw["verl"]["micro_batch_size_per_gpu"] = 4  # 8 sampled rows a step, 4 on each of the 2 workers
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    plan_dir, run = tmp_path / "plan", tmp_path / "run"
+    proc = run_cli("plan", "verl", "--config", config, "--seed", 1, "--inputs", cpu_inputs["inputs"], "--out", plan_dir)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    assert "trainer.nnodes=2" in plan["argv"] and "trainer.n_gpus_per_node=1" in plan["argv"]
+    assert not set(vr.RAY_NODE_OVERRIDES) & set(plan["argv"])  # the nodes declare their GPUs; the driver joins
+    assert plan["framework_devices"] == 2
+
+    ensure_env(vr.CPU_ENV)
+    proc = run_cli("launch", plan_dir, "--config", config, "--out", run, "--timeout-min", 15)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    console = (run / "console.log").read_text()
+    nodes = re.findall(r"launch\.sh: Ray node (\w+) at \S+: 1 GPU", console)
+    assert len(set(nodes)) == 2, console[-3000:]
+    records = verl_records(run)
+    # verl balances each step's tokens over its data-parallel ranks (global_seqlen/mean = tokens / ranks): two
+    # ranks, one on each node's GPU
+    steps = [r["data"] for r in records if "perf/total_num_tokens" in r["data"]]
+    assert len(steps) == 2
+    assert all(d["perf/total_num_tokens"] / d["global_seqlen/mean"] == 2 for d in steps), steps
+    out = tmp_path / "m.parquet"
+    proc = run_cli("ingest", "verl", run, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    df = pd.read_parquet(out)
+    assert list(df["step"]) == [1, 2] and (df["tokens_response"] > 0).all()

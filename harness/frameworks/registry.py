@@ -29,6 +29,8 @@ class Adapter:
     env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
+    # Why one run cannot span more than one node (launch.nnodes > 1); empty: its launch does (verl's Ray cluster).
+    one_node: str = ""
     # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)")
     ray_roles: dict[str, str] = field(default_factory=dict)
     # The dtype its training matmuls run in on a CPU run, which its MFU's measured peak uses (verl: FSDP's bf16 mixed
@@ -116,6 +118,8 @@ def conformance_env(adapter: Adapter, config: dict | None) -> str | None:
 
 def not_runnable(adapter: Adapter, config: dict) -> str | None:
     """Why this config's machines cannot run the framework at all; None when they can."""
+    if config["launch"]["nnodes"] > 1 and adapter.one_node:
+        return f"one node only (launch.nnodes is {config['launch']['nnodes']}): {adapter.one_node}"
     if adapter.run is not None:
         return None
     if on_cpu(config):

@@ -685,6 +685,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
 # Read in the official ReMax code at REMAX_COMMIT.
 register_framework(Adapter(
     name=NAME,
+    one_node="the deepspeed launcher needs a hostfile of the nodes for more, which this adapter does not write",
     description="DeepSpeed-Chat: the official ReMax code (liziniu/ReMax 536ba49) under the deepspeed launcher, "
                 "timed and scored by the harness launcher",
     ingest=ingest,

@@ -534,6 +534,8 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
 
 ADAPTER = register_framework(Adapter(
     name=NAME,
+    one_node=("this adapter starts OpenRLHF's Ray cluster on one node (a cluster across nodes is not planned for it "
+              "yet: verl's launch.sh shows how, harness.runtime.launch_script.ray_cluster_block)"),
     description=f"OpenRLHF {VERSION} (Ray + vLLM + DeepSpeed, colocated) with the harness's ReMax agent and estimator",
     ingest=ingest,
     log_glob=LOG,

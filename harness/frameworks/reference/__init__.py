@@ -43,6 +43,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
 
 register_framework(Adapter(
     name=NAME,
+    one_node="one process on one machine",
     description="embedded reference ReMax backend (harness.frameworks.reference), CPU or one CUDA device",
     ingest=ingest,
     log_glob=STEP_LOG,

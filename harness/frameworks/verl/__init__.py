@@ -66,7 +66,7 @@ from harness.results import metrics
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import REPO, ensure_env
-from harness.runtime.launch_script import RUN_DIR, launch_script
+from harness.runtime.launch_script import RUN_DIR, launch_script, ray_cluster_block
 
 NAME = "verl"
 VERSION = "0.9.1"
@@ -192,8 +192,9 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
 
 
 def _verl_devices(config: dict) -> int:
-    """The devices verl is told it has, over all nodes: on a CPU one pretend GPU (CPU_SETTINGS)."""
-    return 1 if on_cpu(config) else config["launch"]["gpus_per_node"] * config["launch"]["nnodes"]
+    """The devices verl is told it has, over all nodes: on a CPU one pretend GPU per node (CPU_SETTINGS)."""
+    per_node = 1 if on_cpu(config) else config["launch"]["gpus_per_node"]
+    return per_node * config["launch"]["nnodes"]
 
 
 def _run_id(config: dict, seed: int) -> str:
@@ -242,8 +243,11 @@ FIXED_LENGTH_DEVIATION = {
 # GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
 # deviations, so the report's fairness table shows them beside the figures.
 CPU_ENV = "verl-cpu"
+RAY_NODE_OVERRIDES = ["+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8"]
 CPU_SETTINGS: list[dict[str, Any]] = [
-    {"overrides": ["+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=8"],
+    # With launch.nnodes > 1 each Ray node of the cluster launch.sh starts declares them instead (ray_cluster_block):
+    # a driver that joins a cluster may not.
+    {"overrides": RAY_NODE_OVERRIDES,
      "key": "launch.gpus_per_node", "gpu": "the node's GPUs", "effective": "one pretend GPU, 8 logical CPUs",
      "cause": "verl's resource pool asks Ray for a GPU per worker and would wait forever without one; the logical "
               "CPUs only let verl's actors be placed (2 cores do the work)"},
@@ -283,7 +287,8 @@ def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, l
     """The CPU plan's extra overrides, environment variables and deviations; HarnessError for a policy that
     vLLM's CPU attention cannot serve."""
     check_vllm_cpu_head_dim(policy_dir)
-    overrides = [o for s in CPU_SETTINGS for o in s.get("overrides", ())]
+    overrides = [o for s in CPU_SETTINGS for o in s.get("overrides", ())
+                 if config["launch"]["nnodes"] == 1 or o not in RAY_NODE_OVERRIDES]
     env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
     deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],
                    "cause": "CPU run: " + s["cause"]} for s in CPU_SETTINGS]
@@ -353,6 +358,9 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     }
     server = (server_block(config, inputs_dir, reward, host="127.0.0.1", port=None)
               if reward["scored_by"] == "served" else None)
+    nnodes = config["launch"]["nnodes"]
+    cluster = ray_cluster_block(env_command(env, config, "ray"), nnodes, _verl_devices(config) // nnodes,
+                                env_command(env, config, "python"), local=cpu) if nnodes > 1 else None
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
@@ -361,7 +369,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         write_text(tmp / "launch.sh", launch_script(
             title=f"verl {VERSION} ReMax run planned by `remax-bench plan verl`; verl's metrics go to "
                   f"RUN_DIR/{METRICS_LOG}",
-            argv=argv, env_vars=env_vars, env_check=env_check(env, config), reward_server=server))
+            argv=argv, env_vars=env_vars, env_check=env_check(env, config), reward_server=server, cluster=cluster))
 
 
 # ---------------------------------------------------------------------------------------------------- ingest
