@@ -178,7 +178,9 @@ def test_a_crashing_verl_run_is_failed_with_its_log_tail(verl_cpu_run, cpu_plan,
 
 def test_two_nodes_a_ray_head_and_a_worker_each_with_its_gpu_train_remax_and_ingest(cpu_inputs, tmp_path):
     """launch.nnodes 2 on the CPU: launch.sh starts a Ray head and a Ray worker on this machine, one pretend GPU
-    each, and verl runs across them: two data-parallel workers, which Ray can only place one per node."""
+    each, and verl runs across them: two data-parallel workers, which Ray can only place one per node. It runs after
+    this module's one-node run, whose ray.init() wrote ~/.ray/auth_token: the case where Ray 2.60's head and worker
+    disagreed on token authentication and the worker could not join, before launch.sh set one token for the run."""
     raw = yaml.safe_load(cpu_inputs["config_path"].read_text())
     raw["launch"]["nnodes"] = 2
     raw["verl"]["micro_batch_size_per_gpu"] = 4  # 8 sampled rows a step, 4 on each of the 2 workers

@@ -85,6 +85,11 @@ stop_ray_cluster() {{
   if declare -F stop_reward_server >/dev/null; then stop_reward_server; fi  # the EXIT trap it replaces
 }}
 trap stop_ray_cluster EXIT
+# Ray 2.60 turns token authentication on for a head that finds ~/.ray/auth_token (which any local ray.init() writes)
+# but not for a worker that joins it, which the head then refuses: one token for this run, on every node and the driver
+export RAY_AUTH_MODE=token
+RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')
+export RAY_AUTH_TOKEN
 {nodes}export RAY_ADDRESS="$RAY_HEAD_IP:{RAY_PORT}"
 {py} - {nnodes} <<'PY'
 import sys, time
