@@ -95,7 +95,7 @@ def slurm_end(results: Path, run: Run) -> tuple[str, str] | None:
     if not found:
         return None
     job, end, log, text = max(found, key=lambda f: f[0])  # the latest job that made this run
-    cause = SLURM_CAUSES.get(end.group(3), f"ended by SLURM: {(end.group(3) or '').lower()}")
+    cause = SLURM_CAUSES.get(end.group(3)) or f"ended by SLURM: {end.group(3).lower()}"
     # from a few lines before SLURM's end: what follows it is the job's own shutdown
     lines = text[:end.start()].count("\n")
     tail = "\n".join(text.rstrip().splitlines()[max(0, lines - 5):][:LOG_TAIL_LINES])

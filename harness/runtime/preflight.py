@@ -216,7 +216,7 @@ def ray_rows(commands: Callable[[], list[str]] = process_commands) -> list[dict]
 SLURM_CLIENTS = ("sbatch", "squeue", "sinfo", "scontrol")
 
 
-def slurm_rows(partition: str | None, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[dict]:
+def slurm_rows(partition: str | None) -> list[dict]:
     """Before the SLURM profile submits its first job: SLURM's commands, the controller and munge behind it, the
     partition the jobs ask for. Without these every job would fail at its sbatch, each with its own wall of text."""
     missing = [c for c in SLURM_CLIENTS if shutil.which(c) is None]
@@ -227,7 +227,7 @@ def slurm_rows(partition: str | None, run: Callable[..., subprocess.CompletedPro
 
     def ask(*argv: str) -> tuple[bool, str]:
         try:
-            proc = run(list(argv), capture_output=True, text=True, timeout=60)
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
         except subprocess.TimeoutExpired:
             return False, f"{argv[0]} did not answer in 60 s"
         text = (proc.stdout + proc.stderr).strip()
@@ -249,18 +249,14 @@ def slurm_rows(partition: str | None, run: Callable[..., subprocess.CompletedPro
     default = next((p.rstrip("*") for p in known if p.endswith("*")), None)
     names = [p.rstrip("*") for p in known]
     if partition is None:
-        rows.append(_row("SLURM partition", default is not None,
-                         f"none given; the cluster's default is {default}" if default else
-                         f"none given and the cluster has no default (partitions: {', '.join(names) or 'none'})",
-                         "set slurm_partition in workflows/profiles/slurm/config.yaml "
-                         "(or --default-resources slurm_partition=NAME)"))
+        ok = default is not None
+        found = (f"none given; the cluster's default is {default}" if ok else
+                 f"none given and the cluster has no default (partitions: {', '.join(names) or 'none'})")
     else:
-        rows.append(_row("SLURM partition", partition in names,
-                         f"{partition} ({'known' if partition in names else 'unknown here'}; "
-                         f"the cluster has: {', '.join(names) or 'none'})",
-                         "set slurm_partition in workflows/profiles/slurm/config.yaml "
-                         "(or --default-resources slurm_partition=NAME)"))
-    return rows
+        ok = partition in names
+        found = f"{partition} ({'known' if ok else 'unknown here'}; the cluster has: {', '.join(names) or 'none'})"
+    return rows + [_row("SLURM partition", ok, found, "set slurm_partition in workflows/profiles/slurm/config.yaml "
+                        "(or --default-resources slurm_partition=NAME)")]
 
 
 def checkpoint_paths(config: dict) -> tuple[Path | None, Path | None]:
