@@ -85,7 +85,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 
 
 def _ab_limits(args: argparse.Namespace) -> dict:
-    return {"seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
+    return {"framework": args.framework, "seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
             "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha}
 
 
@@ -98,18 +98,30 @@ def _repo() -> Path:
 def cmd_ab(args: argparse.Namespace) -> int:
     from harness.regression.ab import EXIT, PAGE, Arm, compare
 
-    arms = [Arm(label, spec, _json_arg(override, f"--{label.lower()}-set")) for label, spec, override in
-            (("A", args.a, args.a_set), ("B", args.b, args.b_set))]
+    arms = [Arm(label, spec, _json_arg(override, f"--{label.lower()}-set"), envs=_env_args(given, label))
+            for label, spec, override, given in (("A", args.a, args.a_set, args.a_env),
+                                                 ("B", args.b, args.b_set, args.b_env))]
     record = compare(_repo(), Path(args.config), arms[0], arms[1], Path(args.out), split=args.split,
                      **_ab_limits(args))
     print(f"{record['verdict']['text']} ({args.out}/{PAGE})")
     return EXIT[record["verdict"]["verdict"]]
 
 
+def _env_args(given: list[str] | None, label: str) -> dict[str, Path]:
+    out = {}
+    for text in given or []:
+        name, sep, spec = text.partition("=")
+        if not sep or not name or not spec:
+            raise HarnessError(f"--{label.lower()}-env {text!r}: expected NAME=DESCRIPTION_FILE "
+                               "(e.g. verl-cpu=envs/verl-0.9.2.txt)")
+        out[name] = Path(spec)
+    return out
+
+
 def cmd_bisect(args: argparse.Namespace) -> None:
     from harness.regression.ab import bisect
 
-    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds"]
+    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds" and v is not None]
     ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []
     bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args)
 
@@ -340,7 +352,8 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_reproduce)
 
     def ab_options(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", required=True, help="the profile both arms run (YAML; the reference backend)")
+        sp.add_argument("--config", required=True, help="the profile both arms run (YAML)")
+        sp.add_argument("--framework", help="the framework both arms run (default: the config's one framework)")
         sp.add_argument("--out", required=True)
         sp.add_argument("--seeds", type=_seed_list, help="seeds, comma-separated (default: the config's)")
         sp.add_argument("--max-pairs", type=int, default=12, help="hard cap on pairs (default: %(default)s)")
@@ -351,12 +364,16 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--alpha", type=float, default=0.01,
                         help="chance that A against A is called different, over all looks (default: %(default)s)")
 
-    sp = sub.add_parser("ab", help="is B slower than A? Two commits (or a commit and a config override) run "
+    sp = sub.add_parser("ab", help="is B slower than A? Two commits, framework versions or configs run "
                                    "interleaved, paired; exit 0 no slower, 1 slower, 4 inconclusive, 2 bad arm")
     sp.add_argument("--a", required=True, help="arm A: a git ref, or a clean checkout's path")
     sp.add_argument("--b", required=True, help="arm B: a git ref, or a clean checkout's path")
     sp.add_argument("--a-set", help="arm A's config override, a JSON object")
     sp.add_argument("--b-set", help="arm B's config override, a JSON object")
+    for arm in ("a", "b"):
+        sp.add_argument(f"--{arm}-env", action="append", metavar="NAME=FILE",
+                        help=f"arm {arm.upper()}'s framework environment NAME from this description (a pip "
+                             "requirements file as workflows/envs/NAME.txt: another framework version); repeatable")
     sp.add_argument("--split", type=float, help="decide only whether B is slower than A by more than this fraction "
                                                 "(what bisect asks of each commit)")
     ab_options(sp)

@@ -145,11 +145,17 @@ def load_config(path: str | Path) -> dict:
     return validate_config(raw, source=str(path))
 
 
-def arms_from_config(value: object, source: str) -> tuple[str, str]:
-    """The two refs of `snakemake ab --config ab='{a: REF, b: REF}'`: kept out of the experiment's config, so that
-    naming arms reruns nothing of the pipeline."""
-    if not (isinstance(value, dict) and set(value) == {"a", "b"} and all(isinstance(v, str) and v for v in
-                                                                          value.values())):
-        raise HarnessError(f"{source}: ab must name both arms and nothing else, e.g. "
-                           f"--config ab='{{a: v0.1, b: HEAD}}' (given: {value!r})")
-    return value["a"], value["b"]
+def arms_from_config(value: object, source: str) -> list[str]:
+    """`remax-bench ab`'s arguments for `snakemake ab --config ab='{a: REF, b: REF}'` (optionally `framework: NAME`
+    and `a_env`/`b_env`: lists of NAME=FILE): kept out of the experiment's config, so that naming arms reruns nothing
+    of the pipeline."""
+    keys = {"a": "--a", "b": "--b", "framework": "--framework", "a_env": "--a-env", "b_env": "--b-env"}
+    ok = isinstance(value, dict) and {"a", "b"} <= set(value) <= set(keys) and all(
+        isinstance(v, str) and v if k in ("a", "b", "framework") else
+        isinstance(v, list) and all(isinstance(x, str) and "=" in x for x in v) for k, v in value.items())
+    if not ok:
+        raise HarnessError(f"{source}: ab must name both arms, and may name the framework and each arm's environment "
+                           f"descriptions, e.g. --config ab='{{a: v0.1, b: HEAD}}' or ab='{{a: HEAD, b: HEAD, "
+                           f"framework: dschat, b_env: [dschat-cpu=ds-0.19.7.txt]}}' (given: {value!r})")
+    assert isinstance(value, dict)
+    return [arg for k, v in value.items() for x in (v if isinstance(v, list) else [v]) for arg in (keys[k], x)]

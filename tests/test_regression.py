@@ -490,7 +490,8 @@ def test_pipeline_check_target_appends_once_and_fails_on_a_regression(micro_pipe
     assert md.startswith("# Regression check: REGRESSION") and "throughput" in md
     # ... and names the paired A/B that confirms it on this machine, against the baseline's commit
     assert "## Confirm it" in md
-    assert re.search(r"remax-bench ab --a [0-9a-f]{40} --b [0-9a-f]{40} --config \S+/config\.json --out", md), md
+    assert re.search(r"remax-bench ab --framework reference --a [0-9a-f]{40} --b [0-9a-f]{40} "
+                     r"--config \S+/config\.json --out", md), md
     assert len(list((work / "results" / HISTORY).glob("*.jsonl"))) == 2  # appended once, not again
 
     # A baseline at this run's speed whose reward was higher: an advisory, which must not fail the target (it

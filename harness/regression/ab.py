@@ -2,12 +2,14 @@
 pairs allow (docs/regression.md, "Is B slower than A?").
 
 An arm is a commit of this repository (a git ref, checked out into a worktree of its own, or a clean checkout given
-by its path) with an optional config override. Both arms train the embedded reference backend on the same seeds from
-one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order (A B, B A, ...)
-so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod len(seeds). After each
-pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s; per-phase step times (generation,
-transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves are compared
-step by step, so a change in behaviour is told apart from a change in speed.
+by its path) with an optional config override and, for a planned framework, an optional environment description (the
+framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the config's one framework (the embedded
+reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
+seeds from one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order
+(A B, B A, ...) so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod
+len(seeds). After each pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s; per-phase
+step times (generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward
+curves are compared step by step, so a change in behaviour is told apart from a change in speed.
 
 `remax-bench bisect GOOD BAD` drives `git bisect run` with this comparison against GOOD.
 """
@@ -18,6 +20,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -34,11 +37,14 @@ import seaborn as sns
 import yaml
 
 from harness import HarnessError
+from harness.frameworks import get_adapter
+from harness.frameworks.registry import environment
 from harness.io import atomic_path, read_json_object, write_json, write_text
 from harness.regression.history import sampled_reward_curve
 from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
+from harness.runtime import envs
 
 RECORD = "ab.json"
 PAGE = "index.md"
@@ -60,6 +66,9 @@ class Arm:
     tree: Path | None = None  # the checkout its code runs from
     worktree: bool = False  # made by this comparison (removed at the end)
     config: Path | None = None
+    envs: dict[str, Path] = field(default_factory=dict)  # environment name -> its description (a framework version)
+    env_root: Path | None = None  # the folder of environments its runs launch with (REMAX_BENCH_ENVS)
+    built: dict[str, dict] = field(default_factory=dict)  # what each environment of its runs was made from
 
 
 def git(repo: Path, *args: str) -> str:
@@ -83,8 +92,12 @@ def _differences(a: object, b: object, path: str = "") -> list[str]:
 
 
 def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
-    """The arm's commit and the checkout it runs from; refused, naming the arm, for an unknown ref or a checkout with
-    uncommitted changes (its code would not be the commit the verdict names)."""
+    """The arm's commit and the checkout it runs from; refused, naming the arm, for an unknown ref, a checkout with
+    uncommitted changes (its code would not be the commit the verdict names) or a missing environment description."""
+    for name, spec in arm.envs.items():
+        if not spec.is_file():
+            raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}={spec}: no such description file")
+        arm.envs[name] = spec.resolve()
     given = Path(arm.spec)
     if given.is_dir() and (given / "harness").is_dir():
         status = git(given, "status", "--porcelain", "--untracked-files=no")
@@ -103,20 +116,61 @@ def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
 def _cli(arm: Arm, *args: object, log: Path) -> None:
     """This arm's own CLI (its checkout first on the path), output to `log`; a failure names the arm and the log."""
     assert arm.tree is not None
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(arm.tree), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(arm.tree), os.environ.get("PYTHONPATH")) if p),
+           **({"REMAX_BENCH_ENVS": str(arm.env_root)} if arm.env_root else {})}
     with open(log, "a") as f:
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=arm.tree, env=env,
-                              stdout=f, stderr=subprocess.STDOUT)
+        # -P: the current directory (where relative paths of the config point) stays off the import path
+        proc = subprocess.run([sys.executable, "-P", "-m", "harness.cli", *map(str, args)], env=env, stdout=f,
+                              stderr=subprocess.STDOUT)
     if proc.returncode:
         tail = log.read_text(errors="replace")[-2000:]
         raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): `remax-bench {args[0]}` exited {proc.returncode} "
                            f"(log {log}):\n{tail}")
 
 
+def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say: Callable[[str], None]) -> dict:
+    """Environment `name` for the arm's runs, in `root`: from the arm's description (--X-env), else from its own
+    checkout's. One built from the same description (the shared one in envs.ENV_ROOT, or the other arm's) is lent
+    as a link, not built again; `made` maps each description's digest to the environment built from it."""
+    assert arm.tree is not None
+    spec = arm.envs.get(name) or arm.tree / "workflows" / "envs" / f"{name}.txt"
+    if not spec.is_file():
+        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): no description of environment {name!r} ({spec})")
+    digest = envs.env_digest(spec, arm.tree)
+    root.mkdir(parents=True, exist_ok=True)
+    if digest not in made and digest == envs.env_digest(envs.spec_path(name)):
+        envs.ensure_env(name)  # this checkout's own description: the shared environment, built once for all uses
+        made[digest] = envs.ENV_ROOT / name
+    if digest in made:
+        (root / name).symlink_to(made[digest], target_is_directory=True)
+    else:
+        say(f"remax-bench ab: building environment {name} of arm {arm.label} from {spec}")
+        envs.ensure_env(name, root, spec=spec, repo=arm.tree)
+        made[digest] = root / name
+    freeze = subprocess.run([str(envs.env_python(name, root)), "-m", "pip", "freeze"], capture_output=True, text=True)
+    return {"description": str(spec), "digest": digest, "packages": freeze.stdout.split()}
+
+
+def _train(arm: Arm, framework: str, planned: bool, seed: int, run: Path, inputs: Path, timeout_min: float,
+           log: Path) -> None:
+    """One run of the arm: the embedded backend's, or a planned framework's plan, launch and ingest."""
+    if not planned:
+        _cli(arm, "run", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs, log=log)
+        return
+    plan = run.with_name(f"{run.name}.plan")
+    _cli(arm, "plan", framework, "--config", arm.config, "--seed", seed, "--out", plan, "--inputs", inputs, log=log)
+    _cli(arm, "launch", plan, "--out", run, "--timeout-min", timeout_min, "--config", arm.config, log=log)
+    _cli(arm, "ingest", framework, run, "--out", run / "metrics.parquet", log=log)
+
+
 def _figures(run: Path, warmup: int) -> dict:
+    """Each phase's median after warm-up; None for a phase the framework does not time (ab.json holds no NaN)."""
     steps = read_metrics(run / "metrics.parquet")
     measured = steps[steps["step"] > warmup]
-    return {**{k: float(measured[k].median()) for k in PHASES}, "steps": steps}
+    medians = {k: float(measured[k].median()) for k in PHASES}
+    if not math.isfinite(medians["throughput_tok_s"]):
+        raise HarnessError(f"{run}: no tokens/s after warm-up step {warmup} ({len(steps)} steps): nothing to compare")
+    return {**{k: v if math.isfinite(v) else None for k, v in medians.items()}, "steps": steps}
 
 
 def _inputs_of(run: Path) -> dict:
@@ -124,7 +178,8 @@ def _inputs_of(run: Path) -> dict:
     return {k: v.get("sha256") for k, v in manifest.get("inputs", {}).items() if isinstance(v, dict)}
 
 
-def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, seeds: list[int] | None = None,
+def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: str | None = None,
+            seeds: list[int] | None = None,
             max_pairs: int = 12, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
             alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print) -> dict:
     """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
@@ -138,9 +193,11 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, seeds: list[
         raise HarnessError(f"ab: --config {config}: {e}") from None
     if not isinstance(raw, dict):
         raise HarnessError(f"ab: --config {config}: not a mapping of config keys")
-    if raw.get("frameworks", ["reference"]) != ["reference"]:
-        raise HarnessError(f"ab: --config {config}: frameworks {raw.get('frameworks')!r}; an A/B runs the embedded "
-                           "reference backend (a planned framework's A/B is not built yet)")
+    frameworks = [framework] if framework else raw.get("frameworks", ["reference"])
+    if not isinstance(frameworks, list) or len(frameworks) != 1:
+        raise HarnessError(f"ab: --config {config}: frameworks {frameworks!r}; an A/B runs one framework "
+                           "(--framework NAME)")
+    raw["frameworks"] = frameworks
     with atomic_path(out, owner=OWNER) as tmp:
         tmp.mkdir()
         try:
@@ -150,6 +207,8 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, seeds: list[
             for arm in (a, b):
                 if arm.worktree and arm.tree is not None and arm.tree.exists():
                     git(repo, "worktree", "remove", "--force", str(arm.tree))
+            # gigabytes each, and rebuilt from their descriptions: the record keeps what they held (pip freeze)
+            shutil.rmtree(tmp / "envs", ignore_errors=True)
         write_json(tmp / RECORD, record)
         write_text(tmp / PAGE, page(record))
         _figure(record, tmp)
@@ -172,9 +231,23 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
              log=logs / f"{arm.label}.log")
     frozen = {arm.label: json.loads(arm.config.read_text()) for arm in (a, b)}  # type: ignore[union-attr]
-    differ = [d for s in INPUT_SECTIONS for d in _differences(frozen["A"].get(s), frozen["B"].get(s), s)]
+    differ = [d for s in ("frameworks", *INPUT_SECTIONS) for d in _differences(frozen["A"].get(s),
+                                                                               frozen["B"].get(s), s)]
     if differ:
-        raise HarnessError("ab: the arms would not train on the same inputs: " + "; ".join(differ[:5]))
+        raise HarnessError("ab: the arms would not train the same framework on the same inputs: "
+                           + "; ".join(differ[:5]))
+    framework = frozen["A"]["frameworks"][0]
+    env = environment(get_adapter(framework), frozen["A"])
+    for arm in (a, b):
+        for name in arm.envs:
+            if name != env:
+                raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}: {framework} runs under this "
+                                   f"config in {env or 'the harness environment (embedded)'}, not in {name}")
+    made: dict[str, Path] = {}
+    for arm in (a, b):
+        if env:
+            arm.env_root = tmp / "envs" / arm.label
+            arm.built[env] = arm_environment(arm, env, arm.env_root, made, say)
     seeds = seeds or frozen["A"]["seeds"]
     warmup = frozen["A"]["remax"]["warmup_steps"]
     for what in ("dataset", "policy", "reward"):
@@ -188,8 +261,8 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         figures = {}
         for arm in order:
             run = tmp / "runs" / f"pair{k + 1}-{arm.label}-s{seed}"
-            _cli(arm, "run", "reference", "--config", arm.config, "--seed", seed, "--out", run, "--inputs",
-                 tmp / "inputs", log=logs / f"{arm.label}.log")
+            _train(arm, framework, env is not None, seed, run, tmp / "inputs", frozen["A"]["launch"]["timeout_min"],
+                   logs / f"{arm.label}.log")
             figures[arm.label] = {**_figures(run, warmup), "inputs": _inputs_of(run)}
         if figures["A"]["inputs"] != figures["B"]["inputs"]:
             raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
@@ -213,7 +286,9 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     assert verdict is not None  # the last pair is always final
     looks_alpha = alpha / (max_pairs - min_pairs + 1)
     return {
-        "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override} for arm in (a, b)},
+        "framework": framework,
+        "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override,
+                             "envs": arm.built} for arm in (a, b)},
         "verdict": verdict, "alpha": alpha, "resolution": resolution, "split": split, "min_pairs": min_pairs,
         "max_pairs": max_pairs, "max_minutes": max_minutes, "minutes": (time.monotonic() - started) / 60,
         "seeds": seeds,
@@ -222,8 +297,9 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         "behaviour": _behaviour(pairs),
         "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},
-        "command": " ".join(["remax-bench", "ab", "--a", a.commit, "--b", b.commit, "--config", str(config),
-                             "--out", str(out)]),
+        "command": " ".join(["remax-bench", "ab", "--framework", framework, "--a", a.commit, "--b", b.commit,
+                             *(f"--{arm.label.lower()}-env {n}={p}" for arm in (a, b) for n, p in arm.envs.items()),
+                             "--config", str(config), "--out", str(out)]),
     }
 
 
@@ -238,7 +314,8 @@ def _phase_rows(pairs: list[dict], alpha: float) -> list[dict]:
     """B/A per phase over all pairs (a time ratio above 1, or a tokens/s ratio below 1, is B slower)."""
     rows = []
     for p, name in PHASES.items():
-        ratios = [math.log(x[f"B_{p}"] / x[f"A_{p}"]) for x in pairs if x[f"A_{p}"] > 0 and x[f"B_{p}"] > 0]
+        ratios = [math.log(x[f"B_{p}"] / x[f"A_{p}"]) for x in pairs
+                  if (x[f"A_{p}"] or 0) > 0 and (x[f"B_{p}"] or 0) > 0]
         if ratios:
             rows.append(_ratio_row(name, ratios, alpha))
     return rows
@@ -261,6 +338,18 @@ def _behaviour(pairs: list[dict]) -> list[dict]:
             for s, runs in sorted(first.items())]
 
 
+def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
+    """Package -> (A's version, B's) where the arms' framework environments differ."""
+    versions = {}
+    for label, arm in record["arms"].items():
+        for e in arm.get("envs", {}).values():
+            versions[label] = dict(line.partition("==")[::2] for line in e["packages"])
+    if len(versions) < 2:
+        return {}
+    a, b = versions["A"], versions["B"]
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
 
@@ -270,7 +359,13 @@ def page(record: dict) -> str:
     arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
                                                                      if arm["override"] else "")
             for label, arm in record["arms"].items()]
-    lines = ["# A/B: is B slower than A?", "", f"**{v['text']}**", "", *arms, "",
+    arms += [f"- {label}'s environment {name}: `{e['description']}` ({e['digest'][:12]})"
+             for label, arm in record["arms"].items() for name, e in arm.get("envs", {}).items()]
+    changed = package_changes(record)
+    arms += ["", "Packages that differ between the arms' environments (A -> B): "
+             + ", ".join(f"{k} {va} -> {vb}" for k, (va, vb) in changed.items())] if changed else []
+    lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
+             *arms, "",
              f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
              f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
              f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "

@@ -56,7 +56,6 @@ from pathlib import Path
 import numpy as np
 
 from harness import HarnessError
-from harness.frameworks import get_adapter
 from harness.regression.baseline import load_baseline, what_changed
 from harness.regression.history import pipeline_rows, read_history, series_key
 from harness.regression.statistics import (
@@ -254,15 +253,15 @@ def confirm_commands(alerts: list[dict], commits: dict[str, tuple[str | None, st
                      results_dir: Path) -> list[str]:
     """The paired A/B (and bisect) that confirms an alert on this machine, against the baseline's commit: a series
     of nights cannot separate a slower commit from a slower host, a paired comparison in one sitting can
-    (harness.regression.ab). Embedded backends only, which `ab` runs."""
+    (harness.regression.ab)."""
     out = []
     for fw in sorted({a["framework"] for a in alerts}):
         base, now = commits.get(fw, (None, None))
-        if not (base and now) or get_adapter(fw).run is None:
+        if not (base and now):
             continue
         config = layout.path(results_dir, layout.CONFIG)
-        out += [f"remax-bench ab --a {base} --b {now} --config {config} --out {results_dir}/ab"]
+        out += [f"remax-bench ab --framework {fw} --a {base} --b {now} --config {config} --out {results_dir}/ab"]
         if base != now:
-            out += [f"remax-bench bisect {base} {now} --config {config} --out {results_dir}/bisect"]
+            out += [f"remax-bench bisect {base} {now} --framework {fw} --config {config} --out {results_dir}/bisect"]
     return out
 

@@ -28,7 +28,9 @@ from harness.io import sha256_file, write_text
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SPECS = REPO / "workflows" / "envs"
-ENV_ROOT = REPO / ".venvs"
+# REMAX_BENCH_ENVS: another folder of environments, for one process tree (`remax-bench ab` gives each arm its own, so
+# that an arm's framework version is the one its runs launch with).
+ENV_ROOT = Path(os.environ.get("REMAX_BENCH_ENVS") or REPO / ".venvs")
 STAMP = ".remax-bench-env"
 
 
@@ -56,26 +58,26 @@ LOCAL = "#!local "
 DIGEST = "#!digest "
 
 
-def local_projects(spec: Path) -> list[Path]:
-    """The repository projects a description installs (`#!local PATH`), as absolute paths."""
+def local_projects(spec: Path, repo: Path = REPO) -> list[Path]:
+    """The repository projects a description installs (`#!local PATH`, relative to `repo`), as absolute paths."""
     paths = []
     for lineno, line in enumerate(spec.read_text().splitlines(), 1):
         if line.startswith(LOCAL):
-            path = REPO / line[len(LOCAL):].strip()
+            path = repo / line[len(LOCAL):].strip()
             if not (path / "pyproject.toml").is_file():
                 raise HarnessError(f"{spec}:{lineno}: {path} is not a project of this repository (no pyproject.toml)")
             paths.append(path)
     return paths
 
 
-def post_install(spec: Path) -> list[tuple[str, str]]:
+def post_install(spec: Path, repo: Path = REPO) -> list[tuple[str, str]]:
     """(pip flag, requirement) for each post-install line, in file order; a local project as its absolute path."""
     out = []
     for line in spec.read_text().splitlines():
         for prefix, flag in POST_INSTALL.items():
             if line.startswith(prefix):
                 req = line[len(prefix):].strip()
-                out.append((flag, str(REPO / req) if prefix == LOCAL else req))
+                out.append((flag, str(repo / req) if prefix == LOCAL else req))
     return out
 
 
@@ -90,54 +92,64 @@ def project_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def digest_files(spec: Path) -> list[Path]:
+def digest_files(spec: Path, repo: Path = REPO) -> list[Path]:
     """The repository files a description names with `#!digest PATH`."""
     paths = []
     for lineno, line in enumerate(spec.read_text().splitlines(), 1):
         if line.startswith(DIGEST):
-            path = REPO / line[len(DIGEST):].strip()
+            path = repo / line[len(DIGEST):].strip()
             if not path.is_file():
                 raise HarnessError(f"{spec}:{lineno}: {path} is not a file of this repository")
             paths.append(path)
     return paths
 
 
-def env_digest(spec: Path) -> str:
+def env_digest(spec: Path, repo: Path = REPO) -> str:
     """What an environment is built from: its description, the source of each local project it installs and the
-    files it names with `#!digest`."""
-    parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec)),
-             *(sha256_file(p) for p in digest_files(spec))]
+    files it names with `#!digest` (paths relative to `repo`, the checkout the description belongs to)."""
+    parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec, repo)),
+             *(sha256_file(p) for p in digest_files(spec, repo))]
     return parts[0] if len(parts) == 1 else hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
 
-def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None) -> list[list[str]]:
+def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None, repo: Path = REPO) -> list[list[str]]:
     """The pip commands that install a description: its requirements, then each post-install line. `spec_as` is
     the description's path where the commands run (inside an image under construction)."""
-    return [[*pip, "-r", spec_as or str(spec)], *([*pip, flag, req] for flag, req in post_install(spec))]
+    return [[*pip, "-r", spec_as or str(spec)], *([*pip, flag, req] for flag, req in post_install(spec, repo))]
 
 
 def env_python(name: str, root: Path = ENV_ROOT) -> Path:
     return root / name / "bin" / "python"
 
 
-def ensure_env(name: str, root: Path = ENV_ROOT, python: str = sys.executable) -> Path:
-    """The venv for `name`, built (or rebuilt after a change of its description) if needed; returns its python."""
-    spec = spec_path(name)
-    venv = root / name
-    digest = env_digest(spec)
+def is_built(venv: Path, digest: str) -> bool:
     stamp = venv / STAMP
-    if stamp.is_file() and stamp.read_text().strip() == digest:
+    return stamp.is_file() and stamp.read_text().strip() == digest
+
+
+def ensure_env(name: str, root: Path | None = None, python: str = sys.executable, spec: Path | None = None,
+               repo: Path = REPO) -> Path:
+    """The venv for `name` under `root` (default ENV_ROOT), built (or rebuilt after a change of its description) if
+    needed; returns its python. `spec`: a description other than workflows/envs/NAME.txt (another version of the
+    framework), its `#!local` and `#!digest` paths relative to `repo`."""
+    root = root or ENV_ROOT
+    spec = spec or spec_path(name)
+    venv = root / name
+    digest = env_digest(spec, repo)
+    if is_built(venv, digest):
         return env_python(name, root)
     # A venv cannot be moved after it is built, so it is built in place and marked complete by the stamp,
     # written last: a half-built venv has no stamp and is rebuilt from scratch.
+    if venv.is_symlink():  # another folder's environment lent to this root (`ab`): never built over
+        venv.unlink()
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, **install_env_vars(spec)}
     pip = [str(env_python(name, root)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    steps = [[python, "-m", "venv", str(venv)], *pip_steps(spec, pip)]
+    steps = [[python, "-m", "venv", str(venv)], *pip_steps(spec, pip, repo=repo)]
     for cmd in steps:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise HarnessError(f"{spec}: building environment {name!r} failed ({' '.join(cmd[:4])} ...):\n"
                                + (proc.stdout + proc.stderr)[-3000:])
-    write_text(stamp, digest + "\n")
+    write_text(venv / STAMP, digest + "\n")
     return env_python(name, root)

@@ -1,7 +1,10 @@
 # Is B slower than A? A paired A/B of two commits on this machine (harness/regression/ab.py; docs/regression.md):
 #   snakemake --cores 1 ab --config ab='{a: v0.1, b: HEAD}'
-# Both arms run this profile's config on the reference backend, interleaved; results/ab/index.md is the page. The
-# arms are not part of the experiment's config (common.smk takes them out), so naming them reruns nothing else.
+#   snakemake --cores 1 ab --configfile workflows/config/cpu-frameworks.yaml \
+#       --config ab='{a: HEAD, b: HEAD, framework: dschat, b_env: [dschat-cpu=ds-0.19.7.txt]}'
+# Both arms run this profile's config on one framework (the reference backend unless ab names one), interleaved;
+# results/ab/index.md is the page. The arms are not part of the experiment's config (common.smk takes them out), so
+# naming them reruns nothing else.
 
 
 rule ab_compare:
@@ -14,11 +17,10 @@ rule ab_compare:
     conda:
         "../envs/harness.yaml"
     params:
-        a=lambda w: ab_arms()[0],
-        b=lambda w: ab_arms()[1],
+        arms=lambda w: " ".join(map(shlex.quote, ab_arms())),
     # Exit 1 (B slower) and 4 (inconclusive) keep the page; the `ab` target below turns slower into a failure.
     shell:
-        "remax-bench ab --a {params.a:q} --b {params.b:q} --config {input.config:q} --out {output:q} > {log:q} 2>&1"
+        "remax-bench ab {params.arms} --config {input.config:q} --out {output:q} > {log:q} 2>&1"
         " || test $? -eq 1 -o $? -eq 4"
 
 

