@@ -328,6 +328,7 @@ def test_a_sync_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stops_
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     noise = max(result["initial"], 1e-3)
-    assert result["actor_moved"] > 3 * noise, result  # one step moves the actor beyond bf16's difference
+    assert result["actor_moved"] > 3 * noise, result  # the move is larger than bf16's difference
     assert result["stock"] > 3 * noise and "packed GEMM of lm_head does not compute" in result["stock_check"], result
-    assert result["layer"] <= 1.5 * noise, result
+    # bf16's own difference, which other weights change a little (1.1-1.6x measured), and far below the stale one
+    assert result["layer"] <= 2 * noise and result["stock"] > 4 * result["layer"], result
