@@ -17,10 +17,10 @@ rule ab_compare:
     conda:
         "../envs/harness.yaml"
     params:
-        arms=lambda w: " ".join(map(shlex.quote, ab_arms())),
+        arms=lambda w: ab_arms(),
     # Exit 1 (B slower) and 4 (inconclusive) keep the page; the `ab` target below turns slower into a failure.
     shell:
-        "remax-bench ab {params.arms} --config {input.config:q} --out {output:q} > {log:q} 2>&1"
+        "remax-bench ab {params.arms:q} --config {input.config:q} --out {output:q} > {log:q} 2>&1"
         " || test $? -eq 1 -o $? -eq 4"
 
 

@@ -1,6 +1,5 @@
 import json
 import os
-import shlex
 
 from harness.config import arms_from_config, validate_config
 from harness.frameworks import conformance_env, environment, get_adapter, not_runnable
