@@ -122,11 +122,6 @@ def env_python(name: str, root: Path = ENV_ROOT) -> Path:
     return root / name / "bin" / "python"
 
 
-def is_built(venv: Path, digest: str) -> bool:
-    stamp = venv / STAMP
-    return stamp.is_file() and stamp.read_text().strip() == digest
-
-
 def ensure_env(name: str, root: Path | None = None, python: str = sys.executable, spec: Path | None = None,
                repo: Path = REPO) -> Path:
     """The venv for `name` under `root` (default ENV_ROOT), built (or rebuilt after a change of its description) if
@@ -136,7 +131,8 @@ def ensure_env(name: str, root: Path | None = None, python: str = sys.executable
     spec = spec or spec_path(name)
     venv = root / name
     digest = env_digest(spec, repo)
-    if is_built(venv, digest):
+    stamp = venv / STAMP
+    if stamp.is_file() and stamp.read_text().strip() == digest:
         return env_python(name, root)
     # A venv cannot be moved after it is built, so it is built in place and marked complete by the stamp,
     # written last: a half-built venv has no stamp and is rebuilt from scratch.
@@ -151,5 +147,5 @@ def ensure_env(name: str, root: Path | None = None, python: str = sys.executable
         if proc.returncode:
             raise HarnessError(f"{spec}: building environment {name!r} failed ({' '.join(cmd[:4])} ...):\n"
                                + (proc.stdout + proc.stderr)[-3000:])
-    write_text(venv / STAMP, digest + "\n")
+    write_text(stamp, digest + "\n")
     return env_python(name, root)
