@@ -1,4 +1,6 @@
-"""The one config: loaded from YAML, validated against workflows/schemas/config.schema.yaml, defaults filled.
+"""The one config: loaded from YAML, validated against workflows/schemas/config.schema.yaml with each framework's
+own block (its folder's config.schema.yaml, harness.frameworks.config_blocks) merged in under its name and its GPU
+environment's default image (image.yaml) under container.images, defaults filled.
 
 The Snakefile and every CLI subcommand go through `validate_config`, so a bad key fails the same way
 (naming the key) before any job starts.
@@ -15,7 +17,7 @@ import jsonschema
 import yaml
 
 from harness import HarnessError
-from harness.frameworks import known_frameworks
+from harness.frameworks import config_blocks, image_defaults, known_frameworks
 from harness.io import strict_json
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
@@ -38,8 +40,18 @@ def _with_defaults(validator_class: type[Any]) -> type[Any]:
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
-def _schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+def schema() -> dict:
+    """The whole config schema: the shared keys, and each framework's block under its name."""
+    merged = yaml.safe_load(SCHEMA_PATH.read_text())
+    for name, block in config_blocks().items():
+        if name in merged["properties"]:
+            raise HarnessError(f"framework {name!r}: its config block would replace the shared key {name!r} of "
+                               f"{SCHEMA_PATH}; name the framework otherwise")
+        merged["properties"][name] = block
+    images = merged["properties"]["container"]["properties"]["images"]["properties"]
+    for env, image in image_defaults().items():
+        images[env] = {"$ref": "#/$defs/image", "default": image}
+    return merged
 
 
 def _where(error: jsonschema.ValidationError) -> str:
@@ -88,7 +100,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
         raise HarnessError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     _refuse_shared(config, source)
     config = json.loads(json.dumps(config))
-    errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(_Validator(schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [f"  at {_where(e)}: {e.message}" for e in errors]
         raise HarnessError(f"{source}: invalid config\n" + "\n".join(lines))

@@ -60,3 +60,12 @@ def reference_advantages(case: dict) -> torch.Tensor:
     t = case_tensors(case)
     return remax_advantages(t["token_rewards"], t["baselines"], t["mask"])
 
+
+
+# The one tolerance of a match: float32 sums of a handful of terms per token agree to it in any order. (OpenRLHF's
+# estimator on the shared vectors alone needs its own looser one: harness/frameworks/openrlhf, TOLERANCE.)
+TOLERANCE = 1e-6
+
+
+def verdict(max_abs_diff: float) -> str:
+    return "match" if max_abs_diff <= TOLERANCE else "differs"

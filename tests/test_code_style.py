@@ -2,6 +2,7 @@
 all Python in the repository, and mypy on the harness package ([tool.mypy]: every function annotated)."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +72,40 @@ def test_no_module_of_the_harness_imports_itself_back():
 def test_the_registry_and_the_config_load_without_torch_or_transformers():
     """The Snakefile imports both to build the job graph: that must not cost a torch import."""
     code = ("import sys; import harness.frameworks, harness.config, harness.results.layout; "
+            "harness.config.schema()  # every adapter imported, as the Snakefile's validation does\n"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """(line, value) of every string constant of a module but its docstrings: what code can compare or look up."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_a_framework_is_named_only_in_its_own_folder():
+    """Code that keys on a framework's name (a string that is the name: a comparison, a config key, a dict of names)
+    lives in harness/frameworks/<name>/; everywhere else asks the registry, so that adding a framework is adding its
+    folder. Prose may name frameworks (messages, examples, comments), and so may profiles and docs. The reference
+    backend's name is also the field's word for the reference policy and answers, so it is not checked."""
+    from harness.frameworks import get_adapter, known_frameworks
+
+    names = {n for n in known_frameworks() if get_adapter(n).plan is not None}
+    assert {"verl", "openrlhf", "dschat"} <= names  # the check sees the planned frameworks
+    found = []
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        parts = path.relative_to(REPO / "harness").parts
+        own = parts[1] if parts[0] == "frameworks" and len(parts) > 2 else None
+        found += [f"{path.relative_to(REPO)}:{line}: {value!r}" for line, value in _string_constants(path)
+                  if value in names and value != own]
+    quoted = re.compile(rf"""["']({'|'.join(sorted(names))})["']""")
+    for path in [REPO / "Snakefile", *sorted((REPO / "workflows" / "rules").glob("*.smk"))]:
+        for line, text in enumerate(path.read_text().splitlines(), 1):
+            code = text.split("#", 1)[0]
+            found += [f"{path.relative_to(REPO)}:{line}: {m.group(0)}" for m in quoted.finditer(code)]
+    assert not found, "framework names outside their folders:\n" + "\n".join(found)

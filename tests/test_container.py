@@ -38,6 +38,8 @@ def apptainer_config(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.parametrize("profile", [None, "slurm"])
 def test_a100x8_dry_run_under_apptainer_makes_images_instead_of_venvs(tmp_path, profile):
+    adapters = [get_adapter(fw) for fw in yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
+                ["frameworks"]]
     args = ["-n", "--configfile", REPO / "workflows" / "config" / "a100x8.yaml", apptainer_config(tmp_path)]
     args += ["--profile", REPO / "workflows" / "profiles" / "slurm"] if profile else ["--cores", "8"]
     proc = snakemake(tmp_path, *args)
@@ -45,10 +47,12 @@ def test_a100x8_dry_run_under_apptainer_makes_images_instead_of_venvs(tmp_path, 
     assert proc.returncode == 0, out[-3000:]
     jobs = job_counts(out)
     # the runs' environments are images; the only venvs are the CPU check environments of the conformance rule
-    assert jobs["framework_image"] == 3 and jobs["framework_env"] == 3 and jobs["conformance"] == 1
+    checked = {a.check_env for a in adapters}
+    assert jobs["framework_image"] == len(adapters) and jobs["framework_env"] == len(checked)
+    assert jobs["conformance"] == 1 and {"verl-validate", "openrlhf-validate", "dschat-cpu"} <= checked
     venvs = set(re.findall(r"output: results/envs/([\w-]+)\.txt", out))
-    assert venvs == {"verl-validate", "openrlhf-validate", "dschat-cpu"}, venvs
-    assert jobs["plan"] == jobs["run_planned"] == 9
+    assert venvs == checked, venvs
+    assert jobs["plan"] == jobs["run_planned"] == 3 * len(adapters)
     built = set()
     for block in out.split("rule framework_image:")[1:]:
         block = block.split("\nrule ")[0]
@@ -58,7 +62,7 @@ def test_a100x8_dry_run_under_apptainer_makes_images_instead_of_venvs(tmp_path, 
         assert "gpu=" not in resources and "timed_run" not in resources  # no GPU, and no timing slot held
         # 8 CPUs for pip builds from source: the rule's threads, which the SLURM profile asks for per task
         assert "cpus_per_task=8" in resources if profile else "threads: 8" in block
-    assert built == {"verl", "openrlhf", "dschat"}
+    assert built == {a.env for a in adapters}
     for block in out.split("rule run_planned:")[1:]:
         fw = re.search(r"wildcards: framework=(\w+)", block).group(1)
         assert f"results/images/{get_adapter(fw).env}.json" in re.search(r"input: (.*)", block).group(1)
@@ -263,7 +267,7 @@ def test_manifest_records_the_image_and_the_versions_inside_it(tmp_path, monkeyp
     plan_dir = tmp_path / "plan"
     plan_dir.mkdir()
     (plan_dir / "plan.json").write_text(json.dumps({"framework": "verl", "framework_version": "0.9.1", "seed": 1,
-                                                    "run_id": "verl-s1", "env": "verl", "inputs": {}}))
+                                                    "run_id": "verl-s1", "n_gpus": 8, "env": "verl", "inputs": {}}))
     (plan_dir / "launch.sh").write_text("exit 0\n")
     launch(plan_dir, tmp_path / "run", timeout_min=1, config=config)
     environment = json.loads((tmp_path / "run" / "manifest.json").read_text())["environment"]

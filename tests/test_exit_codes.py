@@ -193,7 +193,8 @@ def test_out_on_a_folder_holding_a_stray_file_is_refused(tiny, tmp_path, command
         plan = tmp_path / "plan"
         plan.mkdir()
         (plan / "launch.sh").write_text("exit 0\n")
-        (plan / "plan.json").write_text(json.dumps({"framework": "verl", "seed": 1}))
+        (plan / "plan.json").write_text(json.dumps({"framework": "verl", "framework_version": "0.9.1", "seed": 1,
+                                                    "run_id": "verl-cpu-s1", "n_gpus": 1, "inputs": {}}))
         args[1] = plan
     start = time.monotonic()
     proc = run_cli(*args)

@@ -6,7 +6,7 @@ import pytest
 from conftest import run_cli
 
 from harness import HarnessError
-from harness.frameworks import get_adapter
+from harness.frameworks import get_adapter, known_frameworks
 from harness.results.metrics import SCHEMA, to_frame
 
 
@@ -67,4 +67,4 @@ def test_ingest_cli_writes_parquet_and_rejects_bad_input(tmp_path):
 
     proc = run_cli("ingest", "nosuch", log, "--out", tmp_path / "x.parquet")
     assert proc.returncode == 2
-    assert "unknown framework 'nosuch' (known: dschat, openrlhf, reference, verl)" in proc.stderr
+    assert f"unknown framework 'nosuch' (known: {', '.join(known_frameworks())})" in proc.stderr

@@ -22,7 +22,8 @@ import yaml
 from conftest import REPO, snakemake
 
 from harness import HarnessError
-from harness.config import SCHEMA_PATH, validate_config
+from harness.config import schema as config_schema
+from harness.config import validate_config
 from harness.frameworks import get_adapter
 from harness.frameworks.dschat import REMAX_COMMIT
 from harness.inputs import build_dataset, build_policy, build_reward
@@ -149,7 +150,7 @@ def launch_and_check(setting: dict, plan_dir: Path, cwd: Path, marker_dir: Path)
 
 
 def test_every_string_key_is_refused_or_carried_verbatim_and_never_executed(setting, tmp_path, monkeypatch):
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = config_schema()
     keys = string_keys(schema)
     assert len(keys) > 20 and (("openrlhf", "reward_host"), False) in keys  # the walk sees the whole schema
     markers = tmp_path / "markers"

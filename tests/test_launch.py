@@ -21,7 +21,8 @@ def plan(tmp_path, script: str):
     d = tmp_path / "plan"
     d.mkdir()
     (d / "plan.json").write_text(json.dumps({"framework": "demo", "framework_version": "1.0", "run_id": "demo-s1",
-                                             "seed": 1, "env": None, "inputs": {"dataset": {"sha256": "ab"}}}))
+                                             "seed": 1, "n_gpus": 1, "env": None,
+                                             "inputs": {"dataset": {"sha256": "ab"}}}))
     (d / "launch.sh").write_text(script)
     return d
 
@@ -122,3 +123,15 @@ def test_the_written_launch_sh_runs_the_planned_argv_word_for_word_from_the_run_
     assert json.loads((run / "plan.json").read_text())["run_id"] == "demo-s1"
     proc = subprocess.run(["bash", d / "launch.sh"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: bash launch.sh RUN_DIR" in proc.stderr
+
+
+def test_a_plan_without_its_record_is_refused_before_anything_runs(tmp_path):
+    """An adapter's plan that leaves out what launch and the manifest need (here `inputs`) is named, not a KeyError
+    after the run."""
+    d = plan(tmp_path, "touch ran\n")
+    record = json.loads((d / "plan.json").read_text())
+    del record["inputs"]
+    (d / "plan.json").write_text(json.dumps(record))
+    with pytest.raises(HarnessError, match=r"plan.json: not a plan.json \(missing inputs\)"):
+        launch(d, tmp_path / "run", 1, {"remax": {"steps": 1}})
+    assert not (d / "ran").exists() and not (tmp_path / "run").exists()

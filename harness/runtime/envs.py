@@ -1,4 +1,5 @@
-"""Per-framework Python environments, built from pinned descriptions in workflows/envs/<name>.txt.
+"""Per-framework Python environments, built from pinned descriptions: workflows/envs/<name>.txt, or a framework's own
+folder's harness/frameworks/<framework>/envs/<name>.txt (a framework is one folder).
 
 verl, OpenRLHF and DeepSpeed-Chat pin conflicting torch/transformers/ray/deepspeed, so each gets its own venv
 under .venvs/<name>, never the harness's. A description is a pip requirements file; lines starting with
@@ -28,6 +29,7 @@ from harness.io import sha256_file, write_text
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SPECS = REPO / "workflows" / "envs"
+FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, found by path: runtime imports no adapter
 # REMAX_BENCH_ENVS: another folder of environments, for one process tree (`remax-bench ab` gives each arm its own, so
 # that an arm's framework version is the one its runs launch with).
 ENV_ROOT = Path(os.environ.get("REMAX_BENCH_ENVS") or REPO / ".venvs")
@@ -36,10 +38,23 @@ STAMP = ".remax-bench-env"
 
 def spec_path(name: str) -> Path:
     path = ENV_SPECS / f"{name}.txt"
-    if not path.is_file():
-        known = sorted(p.stem for p in ENV_SPECS.glob("*.txt"))
-        raise HarnessError(f"{path}: no environment description named {name!r} (known: {', '.join(known)})")
-    return path
+    if path.is_file():
+        return path
+    own = sorted(FRAMEWORK_FOLDERS.glob(f"*/envs/{name}.txt"))
+    if own:
+        return own[0]
+    known = sorted(p.stem for p in [*ENV_SPECS.glob("*.txt"), *FRAMEWORK_FOLDERS.glob("*/envs/*.txt")])
+    raise HarnessError(f"{path}: no environment description named {name!r} (known: {', '.join(known)})")
+
+
+def pinned_version(name: str, package: str) -> str:
+    """The version environment `name` pins `package` to (a PKG==V line of its description)."""
+    path = spec_path(name)
+    for line in path.read_text().splitlines():
+        pkg, sep, version = line.strip().partition("==")
+        if sep and pkg.lower() == package:
+            return version
+    raise HarnessError(f"{path}: no pinned {package}")
 
 
 def install_env_vars(spec: Path) -> dict[str, str]:

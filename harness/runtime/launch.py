@@ -20,8 +20,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import get_adapter
-from harness.io import atomic_path, read_json_object, write_json
+from harness.frameworks import get_adapter, read_plan
+from harness.io import atomic_path, write_json
 from harness.results import layout
 from harness.results.efficiency import framework_cpu_peak
 from harness.runtime import container
@@ -187,7 +187,7 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
     script = plan_dir / "launch.sh"
     if not script.is_file() or not (plan_dir / "plan.json").is_file():
         raise HarnessError(f"{plan_dir}: not a plan directory (needs launch.sh and plan.json)")
-    plan = read_json_object(plan_dir / "plan.json", "plan")
+    plan = read_plan(plan_dir / "plan.json")
     timeout_s = timeout_min * 60
     with atomic_path(run_dir, owner=layout.run_owner(plan["framework"], plan["seed"])) as tmp:
         tmp.mkdir()

@@ -186,14 +186,9 @@ def disk_rows(config: dict, policy: Path | None, results: Path,
 
 
 def port_rows(config: dict) -> list[dict]:
-    """The ports the runs listen on: the shared reward server's (OpenRLHF), DeepSpeed's rendezvous."""
-    planned = {a.name for a in _planned(config)}
-    ports = [("openrlhf.reward_port", "openrlhf", config["openrlhf"]["reward_host"], config["openrlhf"]["reward_port"]),
-             ("dschat.master_port", "dschat", "127.0.0.1", config["dschat"]["master_port"])]
+    """The ports the planned runs listen on (each adapter's `ports`: a reward server's, a rendezvous)."""
     rows = []
-    for key, fw, host, port in ports:
-        if fw not in planned:
-            continue
+    for key, host, port in [p for a in _planned(config) if a.ports for p in a.ports(config)]:
         with socket.socket() as s:
             try:
                 s.bind((host, port))

@@ -2,8 +2,9 @@ import json
 import os
 
 from harness.config import arms_from_config, validate_config
-from harness.frameworks import conformance_env, environment, get_adapter, not_runnable
+from harness.frameworks import conformance_env, environment, get_adapter, not_runnable, sources
 from harness.results import layout
+from harness.runtime import envs
 
 # The arms of `snakemake ab` (rules/ab.smk) are not part of the experiment: taken out before the config is frozen.
 AB = config.pop("ab", None)
@@ -63,13 +64,12 @@ def framework_env_stamp(wildcards):
 def conformance_inputs(wildcards):
     """The environments the conformance checks run in (on a CPU profile the runs' own) and the pinned sources."""
     envs = sorted({conformance_env(get_adapter(fw), config) for fw in CONFORMING})
-    sources = [config["dschat"]["checkout"]] if "dschat" in CONFORMING else []
-    return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources
+    return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources(CONFORMING, config)
 
 
 def image_inputs(wildcards):
     settings = config["container"]["images"][wildcards.env]
-    spec = [f"{workflow.basedir}/workflows/envs/{wildcards.env}.txt"] if settings["install"] else []
+    spec = [str(envs.spec_path(wildcards.env))] if settings["install"] else []
     return spec + [f"{workflow.basedir}/{script}" for script in settings["setup"]]
 
 
@@ -81,8 +81,8 @@ def image_settings_json(wildcards):
 
 
 def framework_sources(wildcards):
-    """Pinned source checkouts a framework runs from (DeepSpeed-Chat is not a package)."""
-    return [config["dschat"]["checkout"]] if wildcards.framework == "dschat" else []
+    """Pinned source checkouts a framework runs from (rules/setup.smk makes them)."""
+    return sources([wildcards.framework], config)
 
 
 def metric_files():

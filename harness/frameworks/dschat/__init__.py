@@ -39,10 +39,12 @@ from harness.frameworks.dschat import launcher as dschat_launcher
 from harness.frameworks.registry import (
     PLAN_IDENTITY,
     Adapter,
+    Checkout,
     environment,
     get_adapter,
     on_cpu,
     register_framework,
+    run_id,
     run_plan,
 )
 from harness.frameworks.reward_serving import plan_record, server_block
@@ -51,7 +53,7 @@ from harness.io import atomic_path, write_json, write_text
 from harness.results import metrics
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
-from harness.runtime.envs import REPO, ensure_env
+from harness.runtime.envs import ensure_env, pinned_version
 from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script, shell_word
 
 NAME = "dschat"
@@ -69,16 +71,8 @@ ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batc
 MIN_BATCHES = 20
 
 
-def _pinned(env: str, package: str) -> str:
-    for line in (REPO / "workflows" / "envs" / f"{env}.txt").read_text().splitlines():
-        name, sep, version = line.strip().partition("==")
-        if sep and name.lower() == package:
-            return version
-    raise HarnessError(f"workflows/envs/{env}.txt: no pinned {package}")
-
-
 def framework_version(env: str = ENV) -> str:
-    return f"ReMax@{REMAX_COMMIT[:7]}+deepspeed-{_pinned(env, 'deepspeed')}"
+    return f"ReMax@{REMAX_COMMIT[:7]}+deepspeed-{pinned_version(env, 'deepspeed')}"
 
 
 def checkout_dir(config: dict | None = None) -> Path:
@@ -436,7 +430,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "framework": NAME,
             "framework_version": framework_version(env),
             "seed": seed,
-            "run_id": f"{NAME}-{config['profile']}-s{seed}",
+            "run_id": run_id(NAME, config, seed),
             "env": env,
             "device": config["launch"]["device"],
             "argv": argv,
@@ -646,6 +640,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     import torch
 
     from harness.conformance import reference_advantages
+    from harness.conformance import verdict as conformance_verdict
 
     gamma = float((config or {}).get(NAME, {}).get("gamma", 1.0))
     cases = conformance_cases(gamma)
@@ -676,7 +671,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
             notes.append(f"reward - baseline clipped to +-{theirs[name]['clip']:g}")
         if g != 1.0:
             notes.append(f"gamma {g:g}: clipped reward discounted by gamma^(T-t+1)")
-        verdict = "match" if diff <= 1e-6 else "differs"
+        verdict = conformance_verdict(diff)
         rows.append({"framework": NAME, "case": name, "max_abs_diff": diff, "verdict": verdict,
                      "note": "; ".join(notes) if verdict == "differs" else ""})
     return pd.DataFrame(rows)
@@ -701,4 +696,8 @@ register_framework(Adapter(
     conformance=conformance,
     module="deepspeed",
     saves_checkpoint=True,  # the final actor, to --output_dir in the run directory
+    schema=Path(__file__).with_name("config.schema.yaml"),
+    image=Path(__file__).with_name("image.yaml"),
+    checkout=Checkout(REMAX_COMMIT, REMAX_FOLDERS),
+    ports=lambda config: [("dschat.master_port", "127.0.0.1", config[NAME]["master_port"])],
 ))

@@ -45,6 +45,9 @@ from harness.frameworks.registry import (
     register_framework,
     run_plan,
 )
+from harness.frameworks.registry import (
+    run_id as framework_run_id,
+)
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, read_json_object, write_json, write_text
@@ -277,7 +280,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     argv += [a for a in strict_args if a not in argv]
     env_vars.update(strict_env)
     reward = plan_record(inputs["reward"], "served")
-    run_id = f"{NAME}-{config['profile']}-s{seed}"
+    run_id = framework_run_id(NAME, config, seed)
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         write_text(tmp / PROMPTS, "".join(json.dumps({"input": r["prompt"], "label": r["answer"]}) + "\n"
@@ -453,7 +456,6 @@ def run_validate(python: Path, *args: str | Path, timeout: float = 600,
 # ---------------------------------------------------------------------------------------------------- conformance
 
 TOLERANCE = 1e-5  # float32 arithmetic in a different order
-REAL_RUN_TOLERANCE = 1e-6  # a real step's handful of tokens per sample: float32 sums of a few terms
 
 
 def response_aligned(case: dict) -> dict:
@@ -477,7 +479,7 @@ def run_conformance(run_dir: Path) -> pd.DataFrame | None:
     (ADVANTAGE_BATCH), against the reference ReMax on the same batch: one row per run."""
     import torch
 
-    from harness.conformance import reference_advantages
+    from harness.conformance import reference_advantages, verdict
 
     path = Path(run_dir) / ADVANTAGE_BATCH
     if not path.is_file():
@@ -492,7 +494,7 @@ def run_conformance(run_dir: Path) -> pd.DataFrame | None:
             samples += len(case["scores"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, RuntimeError) as e:
         raise HarnessError(f"{path}: not a recorded advantage batch ({e!r})") from None
-    match = diff <= REAL_RUN_TOLERANCE
+    match = verdict(diff) == "match"
     return pd.DataFrame([{
         "framework": NAME, "case": f"step 1 of {run_plan(path, NAME)['run_id']} ({samples} samples)",
         "max_abs_diff": diff, "verdict": "match" if match else "differs",
@@ -551,4 +553,7 @@ ADAPTER = register_framework(Adapter(
     module="openrlhf",
     head_dims=VLLM_HEAD_DIMS,
     saves_checkpoint=True,  # the final actor, where its --ckpt.* defaults put it: the run directory
+    schema=Path(__file__).with_name("config.schema.yaml"),
+    image=Path(__file__).with_name("image.yaml"),
+    ports=lambda config: [("openrlhf.reward_port", config[NAME]["reward_host"], config[NAME]["reward_port"])],
 ))

@@ -48,4 +48,5 @@ register_framework(Adapter(
     ingest=ingest,
     log_glob=STEP_LOG,
     run=run,
+    schema=Path(__file__).with_name("config.schema.yaml"),
 ))

@@ -26,6 +26,7 @@ import harness
 from harness import HarnessError, remax, reward
 from harness.frameworks.reference import NAME, STEP_LOG
 from harness.frameworks.reference.model import Decoder, generate, response_logprobs
+from harness.frameworks.registry import run_id as framework_run_id
 from harness.inputs import resolve_inputs, task
 from harness.inputs.policy import load_policy, seed_everything
 from harness.io import atomic_path, write_json
@@ -193,7 +194,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
     device = _device(xc["device"])
     if device.type == "cpu" and xc["threads"]:
         torch.set_num_threads(xc["threads"])
-    run_id = f"{NAME}-{config['profile']}-s{seed}"
+    run_id = framework_run_id(NAME, config, seed)
     framework_version = harness.__version__
 
     determinism = _determinism(config["reproducibility"]["determinism"])

@@ -57,6 +57,7 @@ from harness.frameworks.registry import (
     conformance_env,
     on_cpu,
     register_framework,
+    run_id,
     run_plan,
 )
 from harness.frameworks.reward_serving import plan_record, server_block
@@ -174,7 +175,7 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         f"trainer.total_epochs={math.ceil(rc['steps'] / batches_per_epoch)}",
         "trainer.logger=[console,file]",
         "trainer.project_name=remax-bench",
-        f"trainer.experiment_name={_run_id(config, seed)}",
+        f"trainer.experiment_name={run_id(NAME, config, seed)}",
         # The eval greedy accuracy, as the reference measures it: verl's own validation on the eval split (greedy:
         # rollout.val_kwargs' defaults) before the first step and after the last, outside verl's step timer.
         # A timed benchmark: no checkpoints, never resume an earlier run's state.
@@ -195,10 +196,6 @@ def _verl_devices(config: dict) -> int:
     """The devices verl is told it has, over all nodes: on a CPU one pretend GPU per node (CPU_SETTINGS)."""
     per_node = 1 if on_cpu(config) else config["launch"]["gpus_per_node"]
     return per_node * config["launch"]["nnodes"]
-
-
-def _run_id(config: dict, seed: int) -> str:
-    return f"{NAME}-{config['profile']}-s{seed}"
 
 
 def to_verl_rows(rows: list[dict], kind: str) -> list[dict]:
@@ -348,7 +345,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         [*deviations, *strict_deviations]
     argv = [*env_command(env, config), "-m", "verl.trainer.main_ppo", *overrides]
     plan_json = {
-        "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": _run_id(config, seed), "env": env,
+        "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id(NAME, config, seed), "env": env,
         "device": config["launch"]["device"], "argv": argv, "env_vars": env_vars,
         "n_gpus": 0 if cpu else config["launch"]["gpus_per_node"] * config["launch"]["nnodes"],
         # What verl divides perf/throughput by (trainer.n_gpus_per_node x nnodes): one pretend GPU on a CPU.
@@ -558,7 +555,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
     setting of the config changes verl's ReMax advantage)."""
     import torch  # here, not with the module: the registry imports this module for every stage, which need no torch
 
-    from harness.conformance import CASES, reference_advantages
+    from harness.conformance import CASES, reference_advantages, verdict
 
     env = conformance_env(ADAPTER, config)
     assert env is not None
@@ -577,7 +574,7 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
                      f"greedy return: within one response the advantage moves by up to {drift:.4g} from its first "
                      f"token's (the sequence-level advantage)")
         rows.append({"framework": NAME, "case": name, "max_abs_diff": diff,
-                     "verdict": "match" if diff <= 1e-6 else "differs", "note": note})
+                     "verdict": verdict(diff), "note": note})
     # ReMax has no advantage without the greedy baselines (the reference cannot be called without them): verl
     # conforms when it refuses such a batch, and differs when it computes advantages anyway.
     refused = verl_out["missing_baseline"]
@@ -607,4 +604,6 @@ ADAPTER = register_framework(Adapter(
     conformance=conformance,
     module="verl",
     head_dims=VLLM_HEAD_DIMS,
+    schema=Path(__file__).with_name("config.schema.yaml"),
+    image=Path(__file__).with_name("image.yaml"),
 ))
