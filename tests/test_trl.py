@@ -126,3 +126,21 @@ def test_the_cpu_plan_states_its_deviations_and_the_strict_knob(tmp_path):
     assert plan["argv"][0] == str(envs.ENV_ROOT / "trl-cpu" / "bin" / "python")
     assert get_adapter("trl").cpu_env == "trl-cpu"
     assert plan["argv"][plan["argv"].index("--kl-coef") + 1] == repr(float(raw["remax"]["kl_coef"]))
+
+
+def test_fixed_generation_length_holds_every_response_to_max_length(tmp_path, trl_env):
+    """remax.generation_length fixed: the sampled and the greedy responses all have max_response_length tokens, as
+    throughput tables are measured (min_new_tokens through TRL's generation_kwargs, which its greedy call keeps)."""
+    raw = tiny_cpu_config()
+    raw["frameworks"] = ["trl"]
+    raw["remax"].update(steps=2, rollout_n=1, train_batch_size=8, generation_length="fixed")
+    cfg, config = make_inputs(tmp_path, raw)
+    for argv in (("plan", "trl", "--config", cfg, "--seed", 1, "--inputs", tmp_path / "inputs", "--out",
+                  tmp_path / "plan"),
+                 ("launch", tmp_path / "plan", "--out", tmp_path / "run", "--timeout-min", 10, "--config", cfg),
+                 ("ingest", "trl", tmp_path / "run", "--out", tmp_path / "metrics.parquet")):
+        proc = run_cli(*argv)
+        assert proc.returncode == 0, f"{argv[0]}: {proc.stderr[-3000:]}"
+    df = read_metrics(tmp_path / "metrics.parquet")
+    full = 8 * config["remax"]["max_response_length"]
+    assert (df["tokens_response"] == full).all() and (df["tokens_baseline"] == full).all(), df.to_string()
