@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from harness import remax  # noqa: E402
 from harness.config import load_config  # noqa: E402
-from harness.frameworks import reference_backend  # noqa: E402
+from harness.frameworks.reference import backend as reference_backend  # noqa: E402
 from harness.frameworks.reference.model import Decoder  # noqa: E402
 from harness.inputs import (  # noqa: E402
     build_dataset,
