@@ -72,13 +72,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> None:
-    from harness.runtime.launch import launch
+    from harness.frameworks.launch import launch
 
     launch(args.plan_dir, args.out, args.timeout_min, _config(args))
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
-    from harness.runtime.reproduce import RECORD, reproduce
+    from harness.regression.reproduce import RECORD, reproduce
 
     record = reproduce(args.run_dir, args.out, args.inputs, args.timeout_min)
     print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
@@ -290,8 +290,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from harness.config import load_config
+    from harness.frameworks.preflight import preflight, render
     from harness.io import write_text
-    from harness.runtime.preflight import preflight, render
 
     rows = preflight(load_config(args.config), Path(args.results))
     text = render(rows)

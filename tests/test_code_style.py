@@ -109,3 +109,31 @@ def test_a_framework_is_named_only_in_its_own_folder():
             code = text.split("#", 1)[0]
             found += [f"{path.relative_to(REPO)}:{line}: {m.group(0)}" for m in quoted.finditer(code)]
     assert not found, "framework names outside their folders:\n" + "\n".join(found)
+
+
+# The stages of harness/, each importing only those before it (docs/design.md, "Layout"). A framework's adapter plans
+# and launches with the runtime's environments and launch skeleton; the config's schema merges the adapters' blocks.
+STAGES = ("io", "remax", "conformance", "reward", "inputs", "results", "runtime", "frameworks", "config",
+          "regression", "report", "cli")
+
+
+def test_no_stage_imports_a_later_one():
+    """Every import between stages goes down STAGES: module level or inside a function alike (a deferred import is
+    still an arrow), `if TYPE_CHECKING:` aside (it never runs)."""
+    found = []
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        parts = path.relative_to(REPO / "harness").with_suffix("").parts
+        here = parts[0]
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] if node.module and not node.level else [])
+            for name in names:
+                there = name.split(".")[1] if name.startswith("harness.") else None
+                if here in STAGES and there in STAGES and STAGES.index(there) > STAGES.index(here):
+                    found.append(f"harness/{'/'.join(parts)}.py:{node.lineno}: {here} imports {name} ({there})")
+    assert not found, "imports up the stages:\n" + "\n".join(found)

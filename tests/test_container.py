@@ -246,10 +246,10 @@ def test_real_apptainer_exec_of_a_local_image(tmp_path):
 
 
 def test_manifest_records_the_image_and_the_versions_inside_it(tmp_path, monkeypatch):
-    """harness.runtime.launch under apptainer: the manifest names the runtime, the image's reference and .sif
+    """harness.frameworks.launch under apptainer: the manifest names the runtime, the image's reference and .sif
     sha256, and `pip freeze` as run inside the image (through the stand-in apptainer, which answers like the image's
     pip)."""
-    from harness.runtime.launch import launch
+    from harness.frameworks.launch import launch
 
     monkeypatch.chdir(tmp_path)
     fake = tmp_path / "bin" / "apptainer"

@@ -10,8 +10,8 @@ import pytest
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.runtime import launch as launch_module
-from harness.runtime.launch import failure_cause, launch
+from harness.frameworks import launch as launch_module
+from harness.frameworks.launch import failure_cause, launch
 from harness.runtime.launch_script import RUN_DIR, launch_script
 
 CONFIG = validate_config({})

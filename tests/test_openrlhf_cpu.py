@@ -22,9 +22,9 @@ from conftest import BIN, CONFIGS, make_inputs, merged, run_cli, snakemake, tiny
 
 from harness.conformance import reference_advantages
 from harness.frameworks import openrlhf as orl
+from harness.frameworks.launch import progress_line, steps_so_far
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime.envs import ensure_env
-from harness.runtime.launch import progress_line, steps_so_far
 
 FIXTURES = Path(__file__).parent / "fixtures" / "openrlhf"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO, a100x8_offline, run_cli
 
 from harness.config import validate_config
+from harness.frameworks.preflight import preflight, render
 from harness.inputs.policy import build_policy, train_tokenizer
-from harness.runtime.preflight import preflight, render
 
 SMI = REPO / "tests" / "fixtures" / "nvidia-smi"
 GiB = 1024 ** 3

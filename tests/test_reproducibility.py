@@ -23,13 +23,13 @@ from harness.frameworks.reference.model import Decoder
 from harness.inputs import resolve_inputs, task
 from harness.inputs.policy import load_policy
 from harness.io import sha256_tree
+from harness.regression.reproduce import RECORD
 from harness.report import render
 from harness.results import layout
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import BEHAVIOUR, first_divergence, greedy_responses, step0_agreement, verdict_text
 from harness.reward.shared import load_shared_reward
 from harness.runtime import envs
-from harness.runtime.reproduce import RECORD
 
 TINY = {"profile": "tiny", "seeds": [1, 2], "task": {"n_train": 64, "n_eval": 8},
         "policy": {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,

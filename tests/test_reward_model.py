@@ -13,7 +13,8 @@ from reward_inputs import save_reward_model
 from harness import HarnessError
 from harness.config import validate_config
 from harness.inputs import build_dataset, build_policy, build_reward, resolve_inputs, task
-from harness.reward.model import CORRUPTIONS, RewardModel, check_checkpoint, corrupt
+from harness.inputs.reward_model import CORRUPTIONS, corrupt
+from harness.reward.model import RewardModel, check_checkpoint
 from harness.reward.shared import load_shared_reward
 
 

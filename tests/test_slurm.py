@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from conftest import BIN, REPO, snakemake
 
+from harness.frameworks.preflight import slurm_rows
 from harness.report.runs import collect_runs, results_config
 from harness.results import layout
-from harness.runtime.preflight import slurm_rows
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 MICRO = REPO / "workflows" / "config" / "micro.yaml"

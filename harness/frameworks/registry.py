@@ -64,9 +64,9 @@ class Adapter:
     # (run directory) -> the same columns, from a batch the framework recorded in that real run with the advantages it
     # computed (None where the run recorded none)
     run_conformance: Callable[[Path], pd.DataFrame | None] | None = None
-    module: str = ""  # the package its environment must import (harness.runtime.preflight)
+    module: str = ""  # the package its environment must import (harness.frameworks.preflight)
     head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
-    # Writes the full model at the end of a run (harness.runtime.preflight sizes the disk).
+    # Writes the full model at the end of a run (harness.frameworks.preflight sizes the disk).
     saves_checkpoint: bool = False
     # Its config block: a JSON-schema (YAML) file, merged into the config schema as the top-level key `name`
     schema: Path | None = None
@@ -247,12 +247,12 @@ def read_plan(path: Path) -> dict:
 
 
 def run_plan(log: Path, framework: str) -> dict:
-    """The plan.json beside a real framework's log (harness.runtime.launch copies it into the run directory): the run's
-    identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
+    """The plan.json beside a real framework's log (harness.frameworks.launch copies it into the run directory): the
+    run's identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
     path = Path(log).parent / "plan.json"
     if not path.is_file():
         raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
-                           "comes from the plan that harness.runtime.launch copies into the run directory")
+                           "comes from the plan that harness.frameworks.launch copies into the run directory")
     plan = read_json_object(path, "plan")
     missing = [k for k in PLAN_IDENTITY if k not in plan]
     if missing:

@@ -65,12 +65,13 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
         tmp.mkdir()
         record: dict = {"kind": rc["kind"]}
         if rc["kind"] == "model":
-            from harness.reward import model as reward_model
+            from harness.inputs import reward_model
+            from harness.reward.model import check_checkpoint
 
             model_dir = tmp / REWARD_MODEL
             if rc["path"]:
                 source = Path(rc["path"])
-                record.update(origin=str(source.resolve()), **reward_model.check_checkpoint(source))
+                record.update(origin=str(source.resolve()), **check_checkpoint(source))
                 model_dir.symlink_to(source.resolve(), target_is_directory=True)
             else:
                 verify_hash(inputs_dir / DATASET)
@@ -78,7 +79,7 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
                 record.update(reward_model.train_reward_model(
                     task.read_dataset(inputs_dir / DATASET), inputs_dir / POLICY, rc["train"], model_dir,
                     max_new_tokens=config["remax"]["max_response_length"]))
-                record.update(reward_model.check_checkpoint(model_dir))
+                record.update(check_checkpoint(model_dir))
             record["sha256"] = sha256_tree(model_dir)
             if rc["sha256"] and rc["sha256"] != record["sha256"]:
                 raise HarnessError(f"config: at reward.sha256: the reward model {rc['path']} has sha256 "

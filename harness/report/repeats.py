@@ -9,11 +9,11 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
+from harness.regression.reproduce import RECORD, run_steps
 from harness.report.runs import Run, read_json
 from harness.report.tables import fmt
 from harness.results import layout
 from harness.results.reproducibility import greedy_responses, run_figures, spread_rows, step0_agreement
-from harness.runtime.reproduce import RECORD, run_steps
 
 DIGITS = {"curve": 3, "final_reward": 3, "eval_accuracy": 3, "tokens_per_s": 0}
 

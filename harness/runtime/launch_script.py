@@ -5,7 +5,7 @@ framework's checks refuse (e.g. a source checkout that is not the pinned one) or
 the command that builds it), copies plan.json into the run directory (ingest reads the run's
 identity there), runs the framework's own setup lines, serves the shared reward when the plan says so, exports the
 plan's environment variables and runs the planned command from the run directory, so that anything the framework
-writes to a relative path lands there. harness.runtime.launch runs it with stdout and stderr in RUN_DIR/console.log.
+writes to a relative path lands there. harness.frameworks.launch runs it with stdout and stderr in RUN_DIR/console.log.
 
 plan.json's argv and env_vars are what the script runs, word for word, except for two placeholders that only exist
 once the script runs: RUN_DIR (the run directory) and REWARD_URL (the reward server it started).
@@ -131,7 +131,7 @@ def launch_script(*, title: str, argv: list[str], env_vars: dict[str, str], chec
         command = "exec " + command
     return f"""#!/usr/bin/env bash
 # {title}
-# Usage: bash launch.sh RUN_DIR (harness.runtime.launch runs it, stdout and stderr in RUN_DIR/console.log)
+# Usage: bash launch.sh RUN_DIR (harness.frameworks.launch runs it, stdout and stderr in RUN_DIR/console.log)
 set -euo pipefail
 [ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
 {checks}{env_check}mkdir -p "$1"

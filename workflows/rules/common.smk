@@ -113,10 +113,10 @@ def final_outputs():
 
 def stop_without_scheduler():
     """Under the SLURM executor, before the first sbatch: SLURM's commands, munge, the controller and the partition
-    (harness/runtime/preflight.py slurm_rows). Dry runs never get here, so they need no SLURM."""
+    (harness/frameworks/preflight.py slurm_rows). Dry runs never get here, so they need no SLURM."""
     if workflow.executor_plugin is None or workflow.executor_plugin.name != "slurm":
         return
-    from harness.runtime.preflight import render, slurm_rows
+    from harness.frameworks.preflight import render, slurm_rows
 
     partition = (workflow.resource_settings.default_resources or {}).get("slurm_partition")
     rows = slurm_rows(partition.raw if partition is not None else None)

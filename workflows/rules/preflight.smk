@@ -1,4 +1,4 @@
-# `remax-bench preflight` (harness/runtime/preflight.py) before the first job of a profile that runs real frameworks on GPUs:
+# `remax-bench preflight` (harness/frameworks/preflight.py) before the first job of a profile that runs real frameworks on GPUs:
 # environments, checkouts and plans wait for it, so a node that cannot run the profile fails in seconds, with every
 # reason at once (results/logs/preflight.log), not after an hour of environment building.
 

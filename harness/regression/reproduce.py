@@ -20,11 +20,11 @@ import pandas as pd
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import get_adapter
+from harness.frameworks.launch import environment_packages, launch
 from harness.inputs import resolve_inputs
 from harness.io import config_hash, read_json_object, write_json
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
-from harness.runtime.launch import environment_packages, launch
 from harness.runtime.manifest import git_commit, hardware, package_versions
 
 RECORD = "reproduce.json"
