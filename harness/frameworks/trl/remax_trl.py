@@ -28,16 +28,25 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+import trl.trainer.rloo_trainer as rloo_module  # type: ignore[import-not-found]  # the TRL environment
+from datasets import Dataset
+from transformers import GenerationConfig, TrainerCallback
+from trl import RLOOConfig, RLOOTrainer
+from trl.trainer.utils import pad  # type: ignore[import-not-found]
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's harness.reward, whatever PYTHONPATH says
 
 from harness import reward as shared_reward
+
+# Seconds of the current step, set by the timed code below and read by StepRecorder: TRL's hand-over of the model to
+# generation, the generation of both responses, and when the experience was ready (the update starts)
+CLOCK: dict[str, float] = {"transition": 0.0, "gen": 0.0, "experience_end": 0.0}
 
 
 def remax_advantages(scores: Any, baselines: Any, logps: Any, ref_logps: Any, mask: Any, kl_coef: float) -> Any:
     """Per-token ReMax advantage: sum over t' >= t of (score at the last response token - kl_coef * k1 KL at t'),
     minus the greedy response's score; 0 outside the response."""
-    import torch
-
     rewards = -kl_coef * (logps - ref_logps) * mask
     last = (mask.sum(-1).long() - 1).clamp(min=0)
     rewards[torch.arange(len(scores)), last] += scores * (mask.sum(-1) > 0)
@@ -46,8 +55,6 @@ def remax_advantages(scores: Any, baselines: Any, logps: Any, ref_logps: Any, ma
 
 
 def _now() -> float:
-    import torch
-
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter()
@@ -74,127 +81,136 @@ class Scorer:
         return [float(r) for r in rewards]
 
 
-def build_trainer(args: argparse.Namespace) -> Any:
-    """TRL's RLOOTrainer made ReMax (module docstring), with the step recorder around TRL's own code."""
-    import torch
-    import trl.trainer.rloo_trainer as rloo_module  # type: ignore[import-not-found]  # the TRL environment
-    from datasets import Dataset
-    from transformers import GenerationConfig, TrainerCallback
-    from trl import RLOOConfig, RLOOTrainer
-    from trl.trainer.utils import pad  # type: ignore[import-not-found]
+_unwrap = rloo_module.unwrap_model_for_generation
 
-    clock: dict[str, float] = {"transition": 0.0, "gen": 0.0, "experience_end": 0.0}
-    unwrap = rloo_module.unwrap_model_for_generation
 
-    @contextmanager
-    def timed_unwrap(*a: Any, **kw: Any) -> Any:
-        """TRL's hand-over of the training model to generation (a ZeRO-3 gather, adapters merged), timed each way."""
-        cm = unwrap(*a, **kw)
-        t0 = _now()
-        model = cm.__enter__()
-        clock["transition"] += _now() - t0
-        failed = True
+@contextmanager
+def _timed_unwrap(*a: Any, **kw: Any) -> Any:
+    """TRL's hand-over of the training model to generation (a ZeRO-3 gather, adapters merged), timed each way."""
+    cm = _unwrap(*a, **kw)
+    t0 = _now()
+    model = cm.__enter__()
+    CLOCK["transition"] += _now() - t0
+    failed = True
+    try:
+        yield model
+        failed = False
+    finally:
+        t1 = _now()
+        cm.__exit__(*(sys.exc_info() if failed else (None, None, None)))
+        CLOCK["transition"] += _now() - t1
+
+
+rloo_module.unwrap_model_for_generation = _timed_unwrap
+
+
+def _padded(rows: list[list[int]], value: int, side: str, device: Any) -> tuple[Any, Any]:
+    """Token lists -> (ids, mask), padded on `side`."""
+    ids = pad([torch.tensor(r) for r in rows], padding_value=value, padding_side=side).to(device)
+    mask = pad([torch.ones(len(r), dtype=torch.long) for r in rows], padding_value=0, padding_side=side).to(device)
+    return ids, mask
+
+
+class ReMaxTrainer(RLOOTrainer):
+    """RLOOTrainer with ReMax's greedy baseline and per-token advantage (module docstring). `record_batch`: where the
+    first batch with a KL to the reference is written with its advantages."""
+
+    record_batch: str | None = None
+
+    def _greedy(self, prompts: list) -> tuple[list, list]:
+        """TRL's own generation of the prompts with sampling off: (token lists, texts)."""
+        sampling: Any = self.generation_config  # type: ignore[has-type]
+        self.generation_config = GenerationConfig(**{**sampling.to_dict(), "do_sample": False, "temperature": None,
+                                                     "top_p": None, "top_k": None})
         try:
-            yield model
-            failed = False
+            _, ids, texts = self._generate(prompts)
         finally:
-            t1 = _now()
-            cm.__exit__(*(sys.exc_info() if failed else (None, None, None)))
-            clock["transition"] += _now() - t1
+            self.generation_config = sampling
+        return ids, texts
 
-    rloo_module.unwrap_model_for_generation = timed_unwrap
+    def _scores(self, inputs: list[dict], prompts: list, texts: list, ids: list) -> Any:
+        """The shared reward of this process's responses: TRL gathers every process's (for group baselines)."""
+        rank, n = self.accelerator.process_index, len(prompts)
+        return self._calculate_rewards(inputs, prompts, texts, ids).nansum(dim=1)[rank * n:(rank + 1) * n]
 
-    class ReMaxTrainer(RLOOTrainer):
-        def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
-            device = self.accelerator.device
-            prompts = [x["prompt"] for x in inputs]
-            t0 = _now()
-            prompt_ids_list, completion_ids_list, completions = self._generate(prompts)
-            sampling: Any = self.generation_config  # type: ignore[has-type]
-            self.generation_config = GenerationConfig(**{**sampling.to_dict(), "do_sample": False, "temperature": None,
-                                                         "top_p": None, "top_k": None})
-            try:
-                _, greedy_ids_list, greedy_completions = self._generate(prompts)
-            finally:
-                self.generation_config = sampling
-            clock["gen"] = _now() - t0
-            pad_id = self._tokenizer.pad_token_id
-            prompt_ids = pad([torch.tensor(i) for i in prompt_ids_list], padding_value=pad_id,
-                             padding_side="left").to(device)
-            prompt_mask = pad([torch.ones(len(i), dtype=torch.long) for i in prompt_ids_list], padding_value=0,
-                              padding_side="left").to(device)
-            completion_ids = pad([torch.tensor(i) for i in completion_ids_list], padding_value=pad_id,
-                                 padding_side="right").to(device)
-            completion_mask = pad([torch.ones(len(i), dtype=torch.long) for i in completion_ids_list],
-                                  padding_value=0, padding_side="right").to(device)
-            ids = torch.cat([prompt_ids, completion_ids], dim=1)
-            attention = torch.cat([prompt_mask, completion_mask], dim=1)
-            keep = completion_ids.size(1)
-            with torch.no_grad():
-                logps = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, len(prompts))[0]
-                ref_logps = (self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep,
-                                                                     len(prompts))[0]
-                             if self.ref_model is not None else logps)
-            # TRL gathers the rewards of every process (for group baselines); this process's rows are its slice.
-            mine = slice(self.accelerator.process_index * len(prompts),
-                         (self.accelerator.process_index + 1) * len(prompts))
-            scores = self._calculate_rewards(inputs, prompts, completions, completion_ids_list).nansum(dim=1)[mine]
-            baselines = self._calculate_rewards(inputs, prompts, greedy_completions,
-                                                greedy_ids_list).nansum(dim=1)[mine]
-            mask = completion_mask.float()
-            advantages = remax_advantages(scores, baselines, logps, ref_logps, mask, self.beta)
-            kl = ((logps - ref_logps) * mask).sum(-1)
-            for key, value in (("reward", scores.mean()), ("reward_baseline", baselines.mean()), ("kl", kl.mean())):
-                self._metrics["train"][key].append(value.item())
-            # The step's figures over the global batch: every process's sums (one process on a CPU)
-            correct = sum(shared_reward.correct(c, x["answer"]) for c, x in zip(completions, inputs))
-            sums = self.accelerator.reduce(torch.tensor(
-                [prompt_mask.sum().item(), completion_mask.sum().item(), sum(len(i) for i in greedy_ids_list),
-                 scores.sum().item(), baselines.sum().item(), kl.sum().item(), correct, len(prompts)],
-                dtype=torch.float64, device=device), reduction="sum").tolist()
-            n = sums[7]
-            self.remax_step = {
-                "tokens_prompt": sums[0], "tokens_response": sums[1], "tokens_baseline": sums[2],
-                "reward_mean": sums[3] / n, "reward_baseline_mean": sums[4] / n, "kl_mean": sums[5] / n,
-                "response_length_mean": sums[1] / n, "task_accuracy_mean": sums[6] / n}
-            # The first batch whose policy has moved from the reference, so the KL term is in its advantages
-            if args.record_batch and not os.path.exists(args.record_batch) and bool(kl.abs().sum() > 0):
-                record = {"step": self.state.global_step + 1, "mask": mask.tolist(), "scores": scores.tolist(),
-                          "baselines": baselines.tolist(), "kl": (logps - ref_logps).mul(mask).tolist(),
-                          "kl_coef": self.beta, "advantages": advantages.tolist()}
-                Path(args.record_batch + ".tmp").write_text(json.dumps(record))
-                os.replace(args.record_batch + ".tmp", args.record_batch)
-            clock["experience_end"] = _now()
-            return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-                    "completion_mask": completion_mask, "old_logps": (logps * mask).sum(1),
-                    "advantages": advantages}
+    def _generate_and_score_completions(self, inputs: list[dict]) -> dict:
+        device = self.accelerator.device
+        prompts = [x["prompt"] for x in inputs]
+        t0 = _now()
+        prompt_ids_list, completion_ids_list, completions = self._generate(prompts)
+        greedy_ids_list, greedy_completions = self._greedy(prompts)
+        CLOCK["gen"] = _now() - t0
+        prompt_ids, prompt_mask = _padded(prompt_ids_list, self._tokenizer.pad_token_id, "left", device)
+        completion_ids, completion_mask = _padded(completion_ids_list, self._tokenizer.pad_token_id, "right", device)
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        keep, n = completion_ids.size(1), len(prompts)
+        with torch.no_grad():
+            logps = self._get_per_token_logps_and_entropies(self.model, ids, attention, keep, n)[0]
+            ref_logps = (self._get_per_token_logps_and_entropies(self.ref_model, ids, attention, keep, n)[0]
+                         if self.ref_model is not None else logps)
+        scores = self._scores(inputs, prompts, completions, completion_ids_list)
+        baselines = self._scores(inputs, prompts, greedy_completions, greedy_ids_list)
+        mask = completion_mask.float()
+        advantages = remax_advantages(scores, baselines, logps, ref_logps, mask, self.beta)
+        kl = ((logps - ref_logps) * mask).sum(-1)
+        for key, value in (("reward", scores.mean()), ("reward_baseline", baselines.mean()), ("kl", kl.mean())):
+            self._metrics["train"][key].append(value.item())
+        # The step's figures over the global batch: every process's sums (one process on a CPU)
+        correct = sum(shared_reward.correct(c, x["answer"]) for c, x in zip(completions, inputs))
+        sums = self.accelerator.reduce(torch.tensor(
+            [prompt_mask.sum().item(), completion_mask.sum().item(), sum(len(i) for i in greedy_ids_list),
+             scores.sum().item(), baselines.sum().item(), kl.sum().item(), correct, n],
+            dtype=torch.float64, device=device), reduction="sum").tolist()
+        self.remax_step = {
+            "tokens_prompt": sums[0], "tokens_response": sums[1], "tokens_baseline": sums[2],
+            "reward_mean": sums[3] / sums[7], "reward_baseline_mean": sums[4] / sums[7], "kl_mean": sums[5] / sums[7],
+            "response_length_mean": sums[1] / sums[7], "task_accuracy_mean": sums[6] / sums[7]}
+        # The first batch whose policy has moved from the reference, so the KL term is in its advantages
+        if self.record_batch and not os.path.exists(self.record_batch) and bool(kl.abs().sum() > 0):
+            record = {"step": self.state.global_step + 1, "mask": mask.tolist(), "scores": scores.tolist(),
+                      "baselines": baselines.tolist(), "kl": (logps - ref_logps).mul(mask).tolist(),
+                      "kl_coef": self.beta, "advantages": advantages.tolist()}
+            Path(self.record_batch + ".tmp").write_text(json.dumps(record))
+            os.replace(self.record_batch + ".tmp", self.record_batch)
+        CLOCK["experience_end"] = _now()
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+                "completion_mask": completion_mask, "old_logps": (logps * mask).sum(1), "advantages": advantages}
 
-        def _compute_loss(self, model: Any, inputs: dict) -> Any:
-            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-            attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-            logps = self._get_per_token_logps_and_entropies(model, ids, attention, inputs["completion_ids"].size(1))[0]
-            mask = inputs["completion_mask"].float()
-            return -(inputs["advantages"].detach() * logps * mask).sum() / mask.sum().clamp(min=1)
+    def _compute_loss(self, model: Any, inputs: dict) -> Any:
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps = self._get_per_token_logps_and_entropies(model, ids, attention, inputs["completion_ids"].size(1))[0]
+        mask = inputs["completion_mask"].float()
+        return -(inputs["advantages"].detach() * logps * mask).sum() / mask.sum().clamp(min=1)
 
-    class StepRecorder(TrainerCallback):
-        """One JSON line per optimizer step, in the harness's schema, from the clock around TRL's own code."""
 
-        def on_step_begin(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
-            clock["transition"] = 0.0
-            self.t0, self.cpu0 = _now(), time.process_time()
+class StepRecorder(TrainerCallback):
+    """One JSON line per optimizer step, in the harness's schema, from CLOCK around TRL's own code."""
 
-        def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
-            t_end = _now()
-            step = trainer.remax_step
-            row = {"step": state.global_step, "n_gpus": args.n_gpus, "time_step_s": t_end - self.t0,
-                   "time_gen_s": clock["gen"] - clock["transition"], "time_transition_s": clock["transition"],
-                   "time_train_s": t_end - clock["experience_end"], **step}
-            if not torch.cuda.is_available():
-                row["time_step_cpu_s"] = time.process_time() - self.cpu0
-            if state.is_world_process_zero:
-                with open(args.steps_log, "a") as f:
-                    f.write(json.dumps(row, sort_keys=True) + "\n")
+    def __init__(self, path: str, n_gpus: int) -> None:
+        self.path, self.n_gpus = path, n_gpus
+        self.trainer: ReMaxTrainer | None = None
 
+    def on_step_begin(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+        CLOCK["transition"] = 0.0
+        self.t0, self.cpu0 = _now(), time.process_time()
+
+    def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+        t_end = _now()
+        assert self.trainer is not None
+        row = {"step": state.global_step, "n_gpus": self.n_gpus, "time_step_s": t_end - self.t0,
+               "time_gen_s": CLOCK["gen"] - CLOCK["transition"], "time_transition_s": CLOCK["transition"],
+               "time_train_s": t_end - CLOCK["experience_end"], **self.trainer.remax_step}
+        if not torch.cuda.is_available():
+            row["time_step_cpu_s"] = time.process_time() - self.cpu0
+        if state.is_world_process_zero:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def build_trainer(args: argparse.Namespace) -> ReMaxTrainer:
+    """The ReMax trainer for the run the arguments describe, recording its steps."""
     with open(args.dataset) as f:
         rows = [r for r in map(json.loads, f) if r["split"] == "train"]
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
@@ -212,8 +228,10 @@ def build_trainer(args: argparse.Namespace) -> Any:
         full_determinism=args.deterministic,
     )
     config.num_generations = 1  # ReMax: one sampled response per prompt, its baseline the greedy one
+    recorder = StepRecorder(args.steps_log, args.n_gpus)
     trainer = ReMaxTrainer(model=args.policy, reward_funcs=[Scorer(args.reward_url)], args=config,
-                           train_dataset=data, callbacks=[StepRecorder()])
+                           train_dataset=data, callbacks=[recorder])
+    recorder.trainer, trainer.record_batch = trainer, args.record_batch
     return trainer
 
 
@@ -221,8 +239,6 @@ def greedy_evaluation(model: Any, tokenizer: Any, dataset: str, max_new: int, fi
                       scorer: Scorer, batch_size: int = 64) -> dict:
     """Greedy responses to the shared dataset's eval prompts, scored by exact match and by the shared reward, as the
     reference backend evaluates: outside every timed step."""
-    import torch
-
     with open(dataset) as f:
         rows = [r for r in map(json.loads, f) if r["split"] == "eval"]
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
