@@ -96,13 +96,14 @@ def _repo() -> Path:
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from harness.regression.ab import EXIT, PAGE, Arm, compare
+    from harness.regression.ab import EXIT, Arm, compare
+    from harness.report.ab import PAGE, write_page
 
     arms = [Arm(label, spec, _json_arg(override, f"--{label.lower()}-set"), envs=_env_args(given, label))
             for label, spec, override, given in (("A", args.a, args.a_set, args.a_env),
                                                  ("B", args.b, args.b_set, args.b_env))]
     record = compare(_repo(), Path(args.config), arms[0], arms[1], Path(args.out), split=args.split,
-                     **_ab_limits(args))
+                     render=write_page, **_ab_limits(args))
     print(f"{record['verdict']['text']} ({args.out}/{PAGE})")
     return EXIT[record["verdict"]["verdict"]]
 

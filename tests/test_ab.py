@@ -195,7 +195,8 @@ def test_an_arms_framework_version_is_the_environment_its_runs_launch_with(tmp_p
     runs that folder's python."""
     from conftest import make_inputs, tiny_cpu_config
 
-    from harness.regression.ab import Arm, arm_environment, package_changes
+    from harness.regression.ab import Arm, arm_environment
+    from harness.report.ab import package_changes
     from harness.runtime import envs
 
     tree = tmp_path / "tree"  # an arm's checkout: its own description of the environment

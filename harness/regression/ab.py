@@ -28,18 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
-import seaborn as sns
 import yaml
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
 from harness.frameworks.registry import environment
-from harness.io import atomic_path, read_json_object, write_json, write_text
+from harness.io import atomic_path, read_json_object, write_json
 from harness.regression.history import sampled_reward_curve
 from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
@@ -47,8 +41,6 @@ from harness.results.reproducibility import first_divergence, verdict_text
 from harness.runtime import envs
 
 RECORD = "ab.json"
-PAGE = "index.md"
-FIGURE = "ab.png"
 OWNER = {"kind": "ab"}  # harness.io.OWNER: a later A/B may replace this one, nothing else may
 # The config sections the shared inputs are built from: arms that differ in them would not train on the same inputs.
 INPUT_SECTIONS = ("task", "policy", "reward")
@@ -181,9 +173,11 @@ def _inputs_of(run: Path) -> dict:
 def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: str | None = None,
             seeds: list[int] | None = None,
             max_pairs: int = 12, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
-            alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print) -> dict:
+            alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print,
+            render: Callable[[dict, Path], None] | None = None) -> dict:
     """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
-    is slower than A by more than this fraction (paired.decide)."""
+    is slower than A by more than this fraction (paired.decide). `render(record, dir)`: the page beside the record
+    (harness.report.ab), written before `out` appears."""
     repo, out = repo.resolve(), out.resolve()
     if min_pairs < 2 or max_pairs < min_pairs:
         raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs})")
@@ -210,8 +204,8 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
             # gigabytes each, and rebuilt from their descriptions: the record keeps what they held (pip freeze)
             shutil.rmtree(tmp / "envs", ignore_errors=True)
         write_json(tmp / RECORD, record)
-        write_text(tmp / PAGE, page(record))
-        _figure(record, tmp)
+        if render is not None:
+            render(record, tmp)
     return record
 
 
@@ -336,77 +330,6 @@ def _behaviour(pairs: list[dict]) -> list[dict]:
         first.setdefault(p["seed"], p["steps"])
     return [{"seed": s, "text": verdict_text(d := first_divergence(runs["A"], runs["B"])), "identical": d is None}
             for s, runs in sorted(first.items())]
-
-
-def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
-    """Package -> (A's version, B's) where the arms' framework environments differ."""
-    versions = {}
-    for label, arm in record["arms"].items():
-        for e in arm.get("envs", {}).values():
-            versions[label] = dict(line.partition("==")[::2] for line in e["packages"])
-    if len(versions) < 2:
-        return {}
-    a, b = versions["A"], versions["B"]
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
-
-
-def page(record: dict) -> str:
-    v = record["verdict"]
-    arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
-                                                                     if arm["override"] else "")
-            for label, arm in record["arms"].items()]
-    arms += [f"- {label}'s environment {name}: `{e['description']}` ({e['digest'][:12]})"
-             for label, arm in record["arms"].items() for name, e in arm.get("envs", {}).items()]
-    changed = package_changes(record)
-    arms += ["", "Packages that differ between the arms' environments (A -> B): "
-             + ", ".join(f"{k} {va} -> {vb}" for k, (va, vb) in changed.items())] if changed else []
-    lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
-             *arms, "",
-             f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
-             f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
-             f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "
-             f"{100 * record['alpha']:g}% of the time); \"no difference\" needs the interval within "
-             f"{100 * record['resolution']:g}%.", "",
-             "## B against A, per phase (median after warm-up of each run; ratio B/A with its interval)", "",
-             "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]
-    lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
-              for r in record["phases"]]
-    lines += ["", "## tokens/s per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
-    lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
-              for r in record["per_seed"]]
-    lines += ["", "## Behaviour (B's first run of each seed against A's, step by step)", ""]
-    lines += [f"- seed {r['seed']}: {r['text']}" + ("" if r["identical"] else " (a change in behaviour, not only "
-                                                                                "in speed)")
-              for r in record["behaviour"]]
-    lines += ["", "## Pairs", "", "| pair | seed | order | A tokens/s | B tokens/s |", "|---:|---:|---|---:|---:|"]
-    lines += [f"| {p['pair']} | {p['seed']} | {p['order']} | {p['A_throughput_tok_s']:.0f} | "
-              f"{p['B_throughput_tok_s']:.0f} |" for p in record["pairs"]]
-    lines += ["", f"![B against A]({FIGURE})", ""]
-    return "\n".join(lines)
-
-
-def _figure(record: dict, out: Path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    phases = pd.DataFrame(record["phases"])
-    y = range(len(phases))
-    left.errorbar(100 * (phases["ratio"] - 1), y, fmt="o",
-                  xerr=[100 * (phases["ratio"] - phases["low"]), 100 * (phases["high"] - phases["ratio"])])
-    left.axvline(0, color="grey", lw=1)
-    left.set_yticks(list(y), phases["figure"])
-    left.set_xlabel("B against A, % (interval)")
-    curves = pd.DataFrame([{"run": run, "step": s, "reward": r} for run, c in record["curves"].items()
-                           for s, r in zip(c["step"], c["reward"])])
-    sns.lineplot(curves, x="step", y="reward", hue="run", ax=right)
-    right.set_title("reward curves (trailing mean)")
-    fig.tight_layout()
-    tmp = out / f".{FIGURE}.tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.rename(out / FIGURE)
 
 
 def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: list[str],

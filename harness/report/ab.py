@@ -1,0 +1,98 @@
+"""The page of an A/B (`remax-bench ab`, harness.regression.ab): the verdict, per-phase differences with their
+intervals, the arms' package differences, behaviour per seed, every pair, and a figure of the phases and the reward
+curves side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from harness.io import write_text
+
+PAGE = "index.md"
+FIGURE = "ab.png"
+
+
+def write_page(record: dict, out: Path) -> None:
+    """The page and its figure, into the A/B's directory."""
+    write_text(out / PAGE, page(record))
+    _figure(record, out)
+
+
+def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
+    """Package -> (A's version, B's) where the arms' framework environments differ."""
+    versions = {}
+    for label, arm in record["arms"].items():
+        for e in arm.get("envs", {}).values():
+            versions[label] = dict(line.partition("==")[::2] for line in e["packages"])
+    if len(versions) < 2:
+        return {}
+    a, b = versions["A"], versions["B"]
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
+
+
+def page(record: dict) -> str:
+    v = record["verdict"]
+    arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
+                                                                     if arm["override"] else "")
+            for label, arm in record["arms"].items()]
+    arms += [f"- {label}'s environment {name}: `{e['description']}` ({e['digest'][:12]})"
+             for label, arm in record["arms"].items() for name, e in arm.get("envs", {}).items()]
+    changed = package_changes(record)
+    arms += ["", "Packages that differ between the arms' environments (A -> B): "
+             + ", ".join(f"{k} {va} -> {vb}" for k, (va, vb) in changed.items())] if changed else []
+    lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
+             *arms, "",
+             f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
+             f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
+             f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "
+             f"{100 * record['alpha']:g}% of the time); \"no difference\" needs the interval within "
+             f"{100 * record['resolution']:g}%.", "",
+             "## B against A, per phase (median after warm-up of each run; ratio B/A with its interval)", "",
+             "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]
+    lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
+              for r in record["phases"]]
+    lines += ["", "## tokens/s per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
+    lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
+              for r in record["per_seed"]]
+    lines += ["", "## Behaviour (B's first run of each seed against A's, step by step)", ""]
+    lines += [f"- seed {r['seed']}: {r['text']}" + ("" if r["identical"] else " (a change in behaviour, not only "
+                                                                                "in speed)")
+              for r in record["behaviour"]]
+    lines += ["", "## Pairs", "", "| pair | seed | order | A tokens/s | B tokens/s |", "|---:|---:|---|---:|---:|"]
+    lines += [f"| {p['pair']} | {p['seed']} | {p['order']} | {p['A_throughput_tok_s']:.0f} | "
+              f"{p['B_throughput_tok_s']:.0f} |" for p in record["pairs"]]
+    lines += ["", f"![B against A]({FIGURE})", ""]
+    return "\n".join(lines)
+
+
+def _figure(record: dict, out: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    phases = pd.DataFrame(record["phases"])
+    y = range(len(phases))
+    left.errorbar(100 * (phases["ratio"] - 1), y, fmt="o",
+                  xerr=[100 * (phases["ratio"] - phases["low"]), 100 * (phases["high"] - phases["ratio"])])
+    left.axvline(0, color="grey", lw=1)
+    left.set_yticks(list(y), phases["figure"])
+    left.set_xlabel("B against A, % (interval)")
+    curves = pd.DataFrame([{"run": run, "step": s, "reward": r} for run, c in record["curves"].items()
+                           for s, r in zip(c["step"], c["reward"])])
+    sns.lineplot(curves, x="step", y="reward", hue="run", ax=right)
+    right.set_title("reward curves (trailing mean)")
+    fig.tight_layout()
+    tmp = out / f".{FIGURE}.tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.rename(out / FIGURE)
