@@ -383,3 +383,14 @@ def test_serve_reward_refuses_a_bad_reward_input_before_listening(tmp_path, caps
 
 def test_the_rule_identity_is_served_without_inputs(server):
     assert {k: wait_healthy(server.url, 5)[k] for k in ("kind", "reward", "sha256")} == rule_identity()
+
+
+def test_the_frameworks_client_gets_the_served_models_scores_and_the_rule_without_a_url(tiny_rm):
+    """harness.reward.score_batch, which the DeepSpeed-Chat launcher and the TRL trainer score with: over HTTP from a
+    served reward model, the model's own scores; without a URL, the rule in the process."""
+    prompts, responses, labels = list(RM_PROMPTS), list(RM_RESPONSES), list(RM_LABELS)
+    direct = RewardModel(tiny_rm["checkpoint"], device="cpu", batch_size=64)
+    with serving(load_shared_reward(resolve_reward(tiny_rm["inputs"]), device="cpu", batch_size=64)) as srv:
+        served = reward.score_batch(prompts, responses, labels, srv.url + "/get_reward")
+    assert served == pytest.approx(direct.score(prompts, responses), abs=1e-5)
+    assert reward.score_batch(prompts, responses, labels) == [reward.score(*t) for t in zip(prompts, responses, labels)]

@@ -41,7 +41,6 @@ import runpy
 import sys
 import time
 import types
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -332,18 +331,7 @@ class SharedReward:
         return {"chosen_end_scores": torch.tensor(scores, dtype=torch.float32, device=input_ids.device)}
 
     def _score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-        if not self.reward_url:
-            return [shared_reward.score(p, r, a) for p, r, a in zip(prompts, responses, answers)]
-        # The shared reward server's protocol (OpenRLHF's remote reward): query = prompt + response.
-        body = json.dumps({"query": [p + r for p, r in zip(prompts, responses)], "prompts": prompts,
-                           "labels": answers}).encode()
-        request = urllib.request.Request(self.reward_url, data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=180) as resp:
-            rewards = json.loads(resp.read())["rewards"]
-        if len(rewards) != len(prompts):
-            raise RuntimeError(f"shared reward server {self.reward_url}: {len(rewards)} rewards for {len(prompts)} "
-                               "responses")
-        return [float(r) for r in rewards]
+        return shared_reward.score_batch(prompts, responses, answers, self.reward_url)
 
 
 def install_cpu_layer() -> None:

@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -69,16 +68,7 @@ class Scorer:
         self.__name__ = "shared_reward"  # TRL names a reward function by __name__ in its logs
 
     def __call__(self, prompts: list[str], completions: list[str], answer: list[str], **_: Any) -> list[float]:
-        if not self.url:
-            return [shared_reward.score(p, c, a) for p, c, a in zip(prompts, completions, answer)]
-        body = json.dumps({"query": [p + c for p, c in zip(prompts, completions)], "prompts": prompts,
-                           "labels": answer}).encode()
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=180) as resp:
-            rewards = json.loads(resp.read())["rewards"]
-        if len(rewards) != len(prompts):
-            raise RuntimeError(f"shared reward server {self.url}: {len(rewards)} rewards for {len(prompts)} responses")
-        return [float(r) for r in rewards]
+        return shared_reward.score_batch(prompts, completions, answer, self.url)
 
 
 _unwrap = rloo_module.unwrap_model_for_generation
