@@ -41,6 +41,7 @@ from harness.frameworks.registry import (
     Adapter,
     check_vllm_cpu_head_dim,
     conformance_env,
+    environment,
     on_cpu,
     register_framework,
     run_plan,
@@ -163,7 +164,9 @@ def _gpus(config: dict) -> int:
 
 
 def _env(config: dict) -> str:
-    return CPU_ENV if on_cpu(config) else ENV
+    env = environment(ADAPTER, config)
+    assert env is not None  # OpenRLHF runs in an environment of its own
+    return env
 
 
 def _check_launch(config: dict) -> None:

@@ -55,6 +55,7 @@ from harness.frameworks.registry import (
     Adapter,
     check_vllm_cpu_head_dim,
     conformance_env,
+    environment,
     on_cpu,
     register_framework,
     run_id,
@@ -332,7 +333,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     reward = plan_record(inputs["reward"], SCORED_BY[inputs["reward"]["kind"]])
     dataset = task.read_dataset(inputs["dataset"]["path"])
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
-    env = CPU_ENV if cpu else ENV
+    env = environment(ADAPTER, config)
+    assert env is not None  # verl runs in an environment of its own
     env_vars = {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{METRICS_LOG}"}
     deviations = [*DEVIATIONS, *([FIXED_LENGTH_DEVIATION] if config["remax"]["generation_length"] == "fixed" else [])]
     if cpu:
