@@ -236,13 +236,14 @@ def run_id(framework: str, config: dict, seed: int) -> str:
     return f"{framework}-{config['profile']}-s{seed}"
 
 
-def read_plan(path: Path) -> dict:
-    """A plan.json, checked to hold PLAN_RECORD: HarnessError naming what an adapter's plan left out."""
+def read_plan(path: Path, keys: Sequence[str] = PLAN_RECORD) -> dict:
+    """A plan.json, checked to hold `keys` (launch: PLAN_RECORD; ingest: the identity): HarnessError naming what an
+    adapter's plan left out."""
     plan = read_json_object(path, "plan")
-    missing = [k for k in PLAN_RECORD if k not in plan]
+    missing = [k for k in keys if k not in plan]
     if missing:
         raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)}); the adapter's plan must write "
-                           f"{', '.join(PLAN_RECORD)}")
+                           f"{', '.join(keys)}")
     return plan
 
 
@@ -253,10 +254,7 @@ def run_plan(log: Path, framework: str) -> dict:
     if not path.is_file():
         raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
                            "comes from the plan that harness.frameworks.launch copies into the run directory")
-    plan = read_json_object(path, "plan")
-    missing = [k for k in PLAN_IDENTITY if k not in plan]
-    if missing:
-        raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)})")
+    plan = read_plan(path, PLAN_IDENTITY)
     if plan["framework"] != framework:
         raise HarnessError(f"{path}: planned for framework {plan['framework']!r}, not {framework!r}")
     return plan
