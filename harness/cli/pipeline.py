@@ -1,0 +1,194 @@
+"""Subcommands of the data flow: inputs -> run or plan + launch -> ingest -> summarize (+ conformance) -> report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from harness import HarnessError
+from harness.cli.args import config, with_config, with_inputs
+from harness.results import layout
+
+
+def cmd_freeze_config(args: argparse.Namespace) -> None:
+    from harness.config import validate_config
+    from harness.io import write_json
+
+    try:
+        raw = json.loads(args.json)
+    except json.JSONDecodeError as e:
+        raise HarnessError(f"--json: not valid JSON ({e})") from None
+    write_json(args.out, validate_config(raw, source="snakemake config"))
+
+
+def _freeze_config(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("freeze-config", help="validate a config given as JSON, fill defaults, write it")
+    sp.add_argument("--json", required=True)
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_freeze_config)
+
+
+def cmd_inputs(args: argparse.Namespace) -> None:
+    from harness import inputs
+
+    build = {"dataset": inputs.build_dataset, "policy": inputs.build_policy, "reward": inputs.build_reward}[args.what]
+    print(f"{args.what}: sha256 {build(config(args), args.inputs)}")
+
+
+def _inputs(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("inputs", help="build one shared input (with its .sha256)")
+    sp.add_argument("what", choices=["dataset", "policy", "reward"])
+    with_config(sp)
+    with_inputs(sp)
+    sp.set_defaults(func=cmd_inputs)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from harness.frameworks import get_adapter
+    from harness.io import check_replaceable
+
+    adapter = get_adapter(args.framework)
+    if adapter.run is None:
+        raise HarnessError(f"framework {args.framework!r} is not embedded: use `remax-bench plan {args.framework}` "
+                           "and launch it with its own environment")
+    check_replaceable(args.out, layout.run_owner(args.framework, args.seed))  # before the run, not after it
+    adapter.run(config(args), args.seed, Path(args.out), Path(args.inputs))
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from harness.frameworks import get_adapter
+    from harness.io import check_replaceable
+
+    adapter = get_adapter(args.framework)
+    if adapter.plan is None:
+        raise HarnessError(f"framework {args.framework!r} is embedded: use `remax-bench run {args.framework}`")
+    check_replaceable(args.out, layout.plan_owner(args.framework, args.seed))
+    adapter.plan(config(args), args.seed, Path(args.out), Path(args.inputs))
+
+
+def _run_and_plan(sub: argparse._SubParsersAction) -> None:
+    for name, func, help_ in (("run", cmd_run, "run an embedded backend"),
+                              ("plan", cmd_plan, "write a real framework's launch directory, without running it")):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("framework")
+        with_config(sp)
+        sp.add_argument("--seed", type=int, required=True)
+        sp.add_argument("--out", required=True)
+        with_inputs(sp)
+        sp.set_defaults(func=func)
+
+
+def cmd_launch(args: argparse.Namespace) -> None:
+    from harness.frameworks.launch import launch
+
+    launch(args.plan_dir, args.out, args.timeout_min, config(args))
+
+
+def _launch(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
+    sp.add_argument("plan_dir")
+    sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
+    sp.add_argument("--timeout-min", type=float, required=True)
+    with_config(sp)
+    sp.set_defaults(func=cmd_launch)
+
+
+def cmd_ingest(args: argparse.Namespace) -> None:
+    from harness.frameworks import get_adapter
+    from harness.results.metrics import write_metrics
+
+    adapter = get_adapter(args.framework)
+    logs = []
+    for log in map(Path, args.logs):
+        found = sorted(log.glob(adapter.log_glob)) if log.is_dir() else [log]
+        if not found or not all(p.is_file() for p in found):
+            where = f" ({adapter.log_glob})" if log.is_dir() else ""
+            raise HarnessError(f"{log}: no {adapter.name} log found{where}")
+        logs += found
+    df = adapter.ingest(logs, args.n_gpus)
+    write_metrics(df, args.out)
+    print(f"{args.out}: {len(df)} steps from {len(logs)} log(s)")
+
+
+def _ingest(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
+    sp.add_argument("framework")
+    sp.add_argument("logs", nargs="+", help="log files, or run directories")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--n-gpus", type=int, default=None)
+    sp.set_defaults(func=cmd_ingest)
+
+
+def cmd_summarize(args: argparse.Namespace) -> None:
+    from harness.io import atomic_path
+    from harness.results.summarize import efficiency_of, summarize
+
+    cfg = config(args)
+    evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
+    efficiency = efficiency_of(cfg, Path(args.policy), [Path(d) for d in args.runs]) if args.policy else None
+    summary = summarize([Path(p) for p in args.metrics], evals, cfg["remax"]["warmup_steps"], efficiency,
+                        partial=args.partial)
+    with atomic_path(args.out) as tmp:
+        summary.to_csv(tmp, index=False)
+    print(summary.to_string(index=False))
+
+
+def _summarize(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("summarize", help="per-run summaries (after warm-up) -> CSV")
+    with_config(sp)
+    sp.add_argument("--metrics", nargs="+", required=True, help="common-schema parquet files")
+    sp.add_argument("--runs", nargs="*", default=[],
+                    help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
+    sp.add_argument("--policy", help="the shared policy checkpoint: its config.json gives the model FLOPs of the MFU "
+                                     "columns (against each run directory's peak)")
+    sp.add_argument("--partial", action="store_true",
+                    help="leave out (and name) a run that cannot be summarized, instead of failing; for the report "
+                         "of a failed pipeline run, which marks such a run failed")
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_summarize)
+
+
+def cmd_conformance(args: argparse.Namespace) -> None:
+    """Each configured framework's own advantage code on the shared vectors, in one table for the report."""
+    import pandas as pd
+
+    from harness.frameworks import conformance_env, get_adapter
+    from harness.io import atomic_path
+    from harness.report.tables import shared_vectors_source
+
+    cfg = config(args)
+    adapters = [a for fw in cfg["frameworks"] if (a := get_adapter(fw)).conformance is not None]
+    tables = [a.conformance(cfg).assign(source=shared_vectors_source(conformance_env(a, cfg)))  # type: ignore[misc]
+              for a in adapters]
+    if not tables:
+        raise HarnessError(f"{args.config}: no configured framework has a conformance check")
+    table = pd.concat(tables, ignore_index=True)
+    with atomic_path(args.out) as tmp:
+        table.to_csv(tmp, index=False)
+    print(table.to_string(index=False))
+
+
+def _conformance(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("conformance", help="frameworks' own ReMax advantage vs the reference (builds their CPU envs)")
+    with_config(sp)
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(func=cmd_conformance)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from harness.report import render
+
+    render(args.results_dir, args.out, summary_path=args.summary)
+
+
+def _report(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("report", help="comparison report (index.html, throughput.md/.csv, figures, runs.csv) "
+                                       "from a results directory; every planned run listed, failed ones too")
+    sp.add_argument("results_dir")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--summary", help="the summarize stage's table (default: RESULTS_DIR/summary.csv)")
+    sp.set_defaults(func=cmd_report)
+
+
+COMMANDS = (_freeze_config, _inputs, _run_and_plan, _launch, _ingest, _summarize, _conformance, _report)
