@@ -43,6 +43,7 @@ def main() -> int:
             for seed in seeds:
                 synthetic.write_run(results, name, seed, steps=args.steps, step_s=step_s, final_reward=final)
         n_runs = len(FRAMEWORKS) * len(seeds)
+        synthetic.summarize(results)  # the stage before the report, which reads its summary.csv
 
         from harness.report import render  # imported before timing: plotting libraries load once per process
 

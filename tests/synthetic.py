@@ -73,3 +73,23 @@ def write_config(results: Path, frameworks: list[str], seeds: list[int], *, step
                               "launch": {"gpus_per_node": gpus_per_node}}, source="synthetic config")
     write_json(results / "config.json", config)
     return config
+
+
+def summarize(results: Path) -> None:
+    """The pipeline's summarize stage on a results directory, by the CLI (with --partial, as after a failed pipeline
+    run: an unreadable run is left out, and the report marks it failed)."""
+    from harness.cli import main
+
+    metrics = sorted((results / "metrics").glob("*/seed*.parquet"))
+    if metrics:
+        main(["summarize", "--partial", "--config", str(results / "config.json"), "--metrics", *map(str, metrics),
+              "--runs", *map(str, sorted((results / "runs").glob("*/seed*"))), "--out", str(results / "summary.csv")])
+
+
+def report(results: Path, **render_kw) -> Path:
+    """The pipeline's last two stages: summarize, then the report (into RESULTS/report)."""
+    from harness.report import render
+
+    summarize(results)
+    render(results, results / "report", **render_kw)
+    return results / "report"

@@ -2,10 +2,12 @@
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -50,7 +52,7 @@ def html_images(page: str) -> list[bytes]:
 def test_report_is_one_self_contained_page_with_the_shared_table(tmp_path, frameworks):
     results = tmp_path / "results"
     three_frameworks(results)
-    render(results, results / "report")
+    synthetic.report(results)
     out = results / "report"
 
     page = (out / "index.html").read_text()
@@ -93,7 +95,7 @@ def test_every_planned_run_is_listed_and_a_corrupt_metrics_file_fails_only_its_r
     log = results / "logs" / "run" / f"{FAST}_seed2.log"
     log.parent.mkdir(parents=True)
     log.write_text("".join(f"line {i}\n" for i in range(100)) + "RuntimeError: synthetic failure at the end\n")
-    render(results, results / "report")
+    synthetic.report(results)
 
     runs = pd.read_csv(results / "report" / "runs.csv")
     assert len(runs) == 4 * 3
@@ -108,6 +110,32 @@ def test_every_planned_run_is_listed_and_a_corrupt_metrics_file_fails_only_its_r
     assert "line 60" not in page  # a tail, not the whole log
     table = pd.read_csv(results / "report" / "throughput.csv").set_index("framework")
     assert table.loc[FAST, "seeds"] == 2 and table.loc[SLOW, "seeds"] == 3
+
+
+def test_the_report_reads_the_summarize_stages_table_and_refuses_one_older_than_the_metrics(tmp_path, frameworks):
+    results = tmp_path / "results"
+    three_frameworks(results)
+    synthetic.summarize(results)
+    summary = pd.read_csv(results / "summary.csv")
+    summary.loc[summary["framework"] == FAST, "throughput_tok_s"] *= 2  # the report's figure is the summary's
+    summary[summary["run_id"] != f"{SLOW}-s3"].to_csv(results / "summary.csv", index=False)
+    render(results, results / "report")
+    table = pd.read_csv(results / "report" / "throughput.csv").set_index("framework")
+    assert table.loc[FAST, "tokens_per_s"] == summary.loc[summary["framework"] == FAST, "throughput_tok_s"].median()
+    reason = pd.read_csv(results / "report" / "runs.csv").set_index(["framework", "seed"]).loc[(SLOW, 3), "reason"]
+    assert reason.startswith(f"{results / 'summary.csv'}: has no row for run {SLOW}-s3")
+
+    rerun = results / "metrics" / FLAT / "seed1.parquet"  # a run ingested again after the summary was written
+    os.utime(rerun, (time.time() + 5, time.time() + 5))
+    render(results, results / "report")
+    reason = pd.read_csv(results / "report" / "runs.csv").set_index(["framework", "seed"]).loc[(FLAT, 1), "reason"]
+    assert reason == f"{results / 'summary.csv'}: older than {rerun} (summarize again)"
+
+    (results / "summary.csv").write_text("run_id,framework\n")
+    proc = run_cli("report", results, "--out", tmp_path / "again")
+    assert proc.returncode == 2 and proc.stderr.strip().endswith(
+        "summary.csv: lacks column(s) seed, reward_last10, throughput_tok_s (summarize again with this version)")
+    assert not (tmp_path / "again").exists()
 
 
 def test_a_run_that_never_started_says_which_stage_kept_it_back(tmp_path, frameworks):
@@ -126,7 +154,7 @@ def test_a_run_that_never_started_says_which_stage_kept_it_back(tmp_path, framew
     (logs / "plan").mkdir()
     (logs / "plan" / "verl_seed1.log").write_text(
         "remax-bench plan: error: config: at verl.micro_batch_size_per_gpu: 3 does not divide the 128 rows\n")
-    render(results, results / "report")
+    synthetic.report(results)
     runs = pd.read_csv(results / "report" / "runs.csv").set_index("framework")
     assert runs.loc[FAST, "status"] == "ok"
     assert runs.loc["dschat", "status"] == "not run"
@@ -152,7 +180,7 @@ def test_runs_without_metrics_get_the_status_their_traces_show(tmp_path, framewo
     config = json.loads((results / "config.json").read_text())
     config["frameworks"].append("synthetic-gone")  # registered when the config was frozen, not now
     write_json(results / "config.json", config)
-    render(results, results / "report")
+    synthetic.report(results)
     runs = pd.read_csv(results / "report" / "runs.csv").set_index("framework")
     assert runs.loc[SLOW, "status"] == "failed" and "see the log" in runs.loc[SLOW, "reason"]
     assert runs.loc[FAST, "status"] == "not run" and "finished but was not ingested" in runs.loc[FAST, "reason"]
@@ -181,7 +209,7 @@ def test_time_to_reward_is_the_wall_time_until_the_trailing_mean_reaches_the_tar
     # reward 0 for 50 steps, then 1: the trailing mean over 10 steps is 0.1 * (step - 50) from step 51 on
     step_run(results, FAST, 1, [0.0] * 50 + [1.0] * 50, step_s=2.0)
     step_run(results, FLAT, 1, [0.0] * 100, gen_s=float("nan"))  # a framework that does not time generation
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     assert f"{FAST} reached {fraction:.0%} of the best final reward in {2.0 * step:.1f} s" in page
     assert f"{FLAT} did not reach" in page
@@ -208,7 +236,7 @@ def test_fairness_table_shows_effective_values_and_the_cause_of_each_mismatch(tm
                             "cause": "synthetic cause: top_p hard-coded"},
                            {"key": "reward.clip", "shared": None, "effective": 5.0,
                             "cause": "synthetic cause: reward clipped to +-5"}]})
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     section = page[page.index("4. Fairness"):page.index("5. Published")]
     assert re.search(r'class="mismatch"><b>0.9</b>.*?synthetic cause: top_p hard-coded', section)
@@ -238,7 +266,7 @@ def test_the_frameworks_own_throughput_is_set_beside_the_harness_figure(tmp_path
         # e.g. a figure from configured maximum lengths: 5% above the tokens really processed
         synthetic.write_run(results, SLOW, s, steps=20, step_s=1.5, final_reward=0.8, own_throughput_ratio=1.05)
         synthetic.write_run(results, FLAT, s, steps=20, step_s=1.0, final_reward=0.1)  # logs no figure of its own
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     section = page.split("The frameworks' own throughput figures against the harness's")[1].split("</table>")[0]
     rows = {fw: row for row in section.split("<tr")[2:] for fw in (FAST, SLOW, FLAT) if f"<td>{fw}</td>" in row}
@@ -253,12 +281,12 @@ def test_conformance_table_and_a_malformed_one(tmp_path, frameworks):
     pd.DataFrame([{"framework": FAST, "case": "outcome", "max_abs_diff": 0.0, "verdict": "match", "note": ""},
                   {"framework": FAST, "case": "dense", "max_abs_diff": 0.25, "verdict": "differs",
                    "note": "synthetic: outcome-only estimator"}]).to_csv(results / "conformance.csv", index=False)
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     assert re.search(r'<tr class="mismatch"><td>synthetic-fast</td><td>dense</td>.*?differs', page)
 
     (results / "conformance.csv").write_text("framework,case\nx,y\n")
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     assert f"{results / 'conformance.csv'}: lacks columns max_abs_diff, verdict, note" in page
     assert "1. Throughput" in page
@@ -287,7 +315,7 @@ ratios:
   - {{faster: {FAST}, slower: {SLOW}, ratio: 2.0, hardware: {{gpus: null, gpu: A100}}, source: synthetic claim,
      setting: {{}}}}
 """)
-    render(results, results / "report", claims_path=claims)
+    synthetic.report(results, claims_path=claims)
     page = (results / "report" / "index.html").read_text()
     fast = pd.read_csv(results / "report" / "throughput.csv").set_index("framework").loc[FAST, "tokens_per_s"]
     assert f"<b>{fast:,.0f} tokens/s ({fast / 1000:.2f}x the claim)</b>" in page
@@ -333,7 +361,7 @@ def test_cli_without_a_frozen_config_exits_2_naming_the_file(tmp_path):
 def test_no_completed_run_still_renders_the_status(tmp_path, frameworks):
     results = tmp_path / "results"
     synthetic.write_config(results, [FAST, GPU], [1], steps=10, warmup=2)
-    render(results, results / "report")
+    synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     assert "No run completed: nothing to compare." in page and "needs GPUs" in page
     assert len(html_images(page)) == 3
@@ -347,7 +375,7 @@ needs_chromium = pytest.mark.skipif(browser_check.chromium_path() is None,
 def test_report_loads_in_headless_chromium_without_errors(tmp_path, frameworks):
     results = tmp_path / "results"
     three_frameworks(results)
-    render(results, results / "report")
+    synthetic.report(results)
     shot = results / "report" / "screenshot.png"
     assert browser_check.check_page(results / "report" / "index.html", shot) == []
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -42,7 +42,7 @@ TINY = {"profile": "tiny", "seeds": [1, 2], "task": {"n_train": 64, "n_eval": 8}
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """A results directory as the pipeline leaves it for TINY, by the CLI: config, inputs, both seeds' runs and
-    metrics (no repeat yet)."""
+    metrics and summary (no repeat yet)."""
     root = tmp_path_factory.mktemp("repro")
     res = root / "results"
     proc = run_cli("freeze-config", "--json", json.dumps(TINY), "--out", res / "config.json")
@@ -56,6 +56,11 @@ def results(tmp_path_factory):
         assert proc.returncode == 0, proc.stderr
         assert run_cli("ingest", "reference", run, "--out",
                        layout.path(res, layout.METRICS, framework="reference", seed=seed)).returncode == 0
+    metrics = [layout.path(res, layout.METRICS, framework="reference", seed=seed) for seed in TINY["seeds"]]
+    runs = [layout.path(res, layout.RUN, framework="reference", seed=seed) for seed in TINY["seeds"]]
+    proc = run_cli("summarize", "--config", res / "config.json", "--metrics", *metrics, "--runs", *runs,
+                   "--out", layout.path(res, layout.SUMMARY))
+    assert proc.returncode == 0, proc.stderr
     return res
 
 

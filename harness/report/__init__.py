@@ -39,13 +39,15 @@ from harness.results import layout
 CLAIMS_PATH = Path(__file__).resolve().parents[2] / "workflows" / "report" / "claims.yaml"
 
 
-def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path = CLAIMS_PATH) -> None:
-    """Write index.html, throughput.md/.csv, runs.csv and the figures' PNGs into out_dir."""
+def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path = CLAIMS_PATH,
+           summary_path: str | Path | None = None) -> None:
+    """Write index.html, throughput.md/.csv, runs.csv and the figures' PNGs into out_dir, from the results directory
+    and the summarize stage's table (default: the results directory's summary.csv)."""
     results, out = Path(results_dir), Path(out_dir)
     config = results_config(results)
     claims = load_claims(Path(claims_path))
     problems: list[str] = []
-    runs = collect_runs(results, config, problems)
+    runs = collect_runs(results, config, problems, Path(summary_path) if summary_path else None)
     warmup = config["remax"]["warmup_steps"]
     fraction = config["report"]["time_to_reward_fraction"]
     per_run = run_table(runs, warmup)

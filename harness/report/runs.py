@@ -16,7 +16,7 @@ from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.io import read_json_object
 from harness.results import layout
 from harness.results.metrics import read_metrics
-from harness.results.summarize import efficiency_of, read_eval, summarize_run
+from harness.results.summarize import read_summary
 
 LOG_TAIL_LINES = 30
 
@@ -166,14 +166,25 @@ def _upstream_failure(results: Path, run: Run, config: dict) -> str | None:
     return None
 
 
-def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
-    """Every planned run with its status; metrics that cannot be read or summarized mark the run failed."""
+def _summary_of(run_id: str, metrics_path: Path, summary_path: Path, summary: pd.DataFrame | None) -> dict:
+    """The run's row of the summarize stage's table, which must have been written after its metrics."""
+    if summary is None:
+        raise HarnessError(f"{summary_path}: missing; summarize the runs first (the summarize rule, or "
+                           "`remax-bench summarize`)")
+    if run_id not in summary.index:
+        raise HarnessError(f"{summary_path}: has no row for run {run_id} (summarize again; its log says why a run "
+                           "was left out)")
+    if metrics_path.stat().st_mtime > summary_path.stat().st_mtime:
+        raise HarnessError(f"{summary_path}: older than {metrics_path} (summarize again)")
+    return summary.loc[run_id].to_dict()
+
+
+def collect_runs(results: Path, config: dict, problems: list[str], summary_path: Path | None = None) -> list[Run]:
+    """Every planned run with its status; metrics that cannot be read, or that the summary (default: RESULTS'
+    summary.csv) does not cover, mark the run failed."""
     runs = []
-    warmup = config["remax"]["warmup_steps"]
-    # MFU as the summarize stage computes it: the policy's shape, each run's peak from its manifest.
-    efficiency = efficiency_of(config, layout.path(results, layout.POLICY),
-                               [layout.path(results, layout.RUN, framework=fw, seed=seed) for fw in config["frameworks"]
-                                for seed in config["seeds"]])
+    summary_path = summary_path or layout.path(results, layout.SUMMARY)
+    summary = read_summary(summary_path) if summary_path.exists() else None
     for fw in config["frameworks"]:
         adapter = adapter_of(fw)
         for seed in config["seeds"]:
@@ -188,7 +199,7 @@ def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
                     if set(df["framework"]) != {fw} or set(df["seed"]) != {seed}:
                         raise HarnessError(f"{metrics_path}: holds framework {sorted(set(df['framework']))} seed "
                                            f"{sorted(set(df['seed']))}, not {fw} seed {seed}")
-                    run.summary = summarize_run(df, warmup, efficiency(df))
+                    run.summary = _summary_of(df["run_id"].iloc[0], metrics_path, summary_path, summary)
                     run.metrics, run.status = df, "ok"
                 except HarnessError as e:
                     run.status, run.reason = "failed", str(e)
@@ -200,12 +211,6 @@ def collect_runs(results: Path, config: dict, problems: list[str]) -> list[Run]:
                 if ended:
                     run.reason = f"{ended[0]}; {run.reason}"
                     run.log_tail = "\n\n".join(t for t in (run.log_tail, ended[1]) if t)
-            eval_path = run_dir / "eval.json"
-            if run.status == "ok" and eval_path.is_file():
-                try:
-                    run.summary.update({k: v for k, v in read_eval(eval_path).items() if k != "run_id"})
-                except HarnessError as e:
-                    problems.append(str(e))
             runs.append(run)
     return runs
 

@@ -132,7 +132,7 @@ def eval_accuracy(per_run: pd.DataFrame) -> pd.DataFrame:
     """Greedy eval accuracy before and after training, median over seeds, by framework (empty: nothing evaluated)."""
     if "eval_accuracy_before" not in per_run:
         return pd.DataFrame()
-    return per_run.groupby("framework")[["eval_accuracy_before", "eval_accuracy_after"]].median()
+    return per_run.groupby("framework")[["eval_accuracy_before", "eval_accuracy_after"]].median().dropna(how="all")
 
 
 def time_to_reward_table(runs: list[Run], fraction: float) -> tuple[pd.DataFrame, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -142,22 +143,53 @@ def read_eval(path: Path) -> dict:
 
 
 def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int,
-              efficiency: Callable[[pd.DataFrame], dict] | None = None) -> pd.DataFrame:
-    """`efficiency`: (a run's metrics) -> summarize_run's efficiency record, or None for no MFU columns."""
+              efficiency: Callable[[pd.DataFrame], dict] | None = None, partial: bool = False) -> pd.DataFrame:
+    """`efficiency`: (a run's metrics) -> summarize_run's efficiency record, or None for no MFU columns. `partial`:
+    leave out (and say on stderr) a run whose metrics or eval record cannot be read, as the report of a failed
+    pipeline run does, which marks that run failed itself; otherwise one such run fails the summary."""
     if not metric_files:
         raise HarnessError("summarize: no metrics files given")
     rows = []
     for path in metric_files:
-        df = read_metrics(path)
-        rows.append(summarize_run(df, warmup_steps, efficiency(df) if efficiency else None))
+        try:
+            df = read_metrics(path)
+            rows.append(summarize_run(df, warmup_steps, efficiency(df) if efficiency else None))
+        except HarnessError as e:
+            if not partial:
+                raise
+            print(f"summarize: left out: {e}", file=sys.stderr)
+    if not rows:
+        raise HarnessError("summarize: no run could be summarized")
     summary = pd.DataFrame(rows)
     if summary["run_id"].duplicated().any():
         twice = summary.loc[summary["run_id"].duplicated(), "run_id"].iloc[0]
         raise HarnessError(f"summarize: run {twice} given twice")
-    evals = pd.DataFrame([read_eval(p) for p in eval_files],
-                         columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
+    records = []
+    for p in eval_files:
+        try:
+            records.append(read_eval(p))
+        except HarnessError as e:
+            if not partial:
+                raise
+            print(f"summarize: left out: {e}", file=sys.stderr)
+    evals = pd.DataFrame(records, columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
     summary = summary.merge(evals, on="run_id", how="left")
     return summary.sort_values(["framework", "seed"], ignore_index=True)
+
+
+def read_summary(path: Path) -> pd.DataFrame:
+    """The summarize stage's table, indexed by run_id, for the stages after it (the report), which do not summarize
+    again."""
+    try:
+        summary = pd.read_csv(path)
+    except (OSError, ValueError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
+        raise HarnessError(f"{path}: not a summary table ({e})") from None
+    missing = [c for c in ("run_id", "framework", "seed", "reward_last10", "throughput_tok_s") if c not in summary]
+    if missing:
+        raise HarnessError(f"{path}: lacks column(s) {', '.join(missing)} (summarize again with this version)")
+    if summary["run_id"].duplicated().any():
+        raise HarnessError(f"{path}: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} twice")
+    return summary.set_index("run_id", drop=False)
 
 
 def by_framework(summary: pd.DataFrame) -> pd.DataFrame:

@@ -125,11 +125,25 @@ def stop_without_scheduler():
 
 
 def report_what_finished():
-    """After a failed job: render the report from the runs that finished; it marks the others as failed.
+    """After a failed job: summarize the runs that finished and render the report from them; it marks the others as
+    failed.
 
     Runs outside the job graph on purpose: the report rule waits for every run, and a failed run would otherwise
-    leave no report at all. summary.csv is left to the summarize rule: it stays missing or out of date, so the
-    next pipeline run re-runs the failed runs (and only those) and then summary and report.
+    leave no report at all. The summary goes to logs/, not summary.csv, which is left to the summarize rule: it stays
+    missing or out of date, so the next pipeline run re-runs the failed runs (and only those) and then summary and
+    report.
     """
-    if os.path.exists(f"{RESULTS}/{layout.CONFIG}"):
-        shell("remax-bench report {RESULTS:q} --out {RESULTS:q}/report > {RESULTS:q}/logs/report.log 2>&1")
+    if not os.path.exists(f"{RESULTS}/{layout.CONFIG}"):
+        return
+    finished = [m for m in metric_files() if os.path.exists(m)]
+    summary = f"{RESULTS}/logs/summary-of-finished-runs.csv"
+    if os.path.exists(summary):
+        os.remove(summary)  # one from an earlier failure would describe other runs
+    if finished:
+        runs = [d for d in runnable_run_dirs() if os.path.isdir(d)]
+        config_json, policy = f"{RESULTS}/{layout.CONFIG}", f"{RESULTS}/{layout.POLICY}"
+        shell("remax-bench summarize --partial --config {config_json:q} --metrics {finished:q} --runs {runs:q}"
+              + (" --policy {policy:q}" if os.path.exists(policy) else "")
+              + " --out {summary:q} > {RESULTS:q}/logs/summarize-finished.log 2>&1 || true")
+    shell("remax-bench report {RESULTS:q} --summary {summary:q} --out {RESULTS:q}/report"
+          " > {RESULTS:q}/logs/report.log 2>&1")

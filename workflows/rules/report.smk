@@ -1,6 +1,7 @@
 rule report:
     input:
         config=rules.freeze_config.output[0],
+        summary=rules.summarize.output[0],
         metrics=metric_files(),
         repeats=repeat_dirs(),
         # part of every profile with a real framework; elsewhere shown when the `conformance` target made one
@@ -25,4 +26,4 @@ rule report:
         results=lambda w, input: os.path.dirname(input.config),
         out=lambda w, output: os.path.dirname(output.html),
     shell:
-        "remax-bench report {params.results:q} --out {params.out:q} > {log:q} 2>&1"
+        "remax-bench report {params.results:q} --summary {input.summary:q} --out {params.out:q} > {log:q} 2>&1"
