@@ -66,7 +66,7 @@ def dschat_costs(run: Path) -> dict:
             "train_median_s": float(pd.Series([s["time_train_s"] for s in steps]).median())}
 
 
-# OpenRLHF's step line (harness.frameworks.openrlhf: trainer/ppo_trainer.py through utils/logging_utils.py, whose
+# OpenRLHF's step line (harness.frameworks.openrlhf.ingest: trainer/ppo_trainer.py through utils/logging_utils.py, whose
 # datefmt prints month-day and whole seconds).
 _OPENRLHF_STEP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) ppo_trainer\.py:\d+\] ✨ Global step (\d+): (\{.*\})")
 
@@ -78,7 +78,7 @@ def openrlhf_costs(run: Path) -> dict:
     import ast
     from datetime import datetime
 
-    from harness.frameworks.openrlhf import ANSI
+    from harness.frameworks.openrlhf.ingest import ANSI
 
     at, timer = {}, {}
     for line in (run / "openrlhf.log").read_text(errors="replace").splitlines():

@@ -63,7 +63,8 @@ def reference_advantages(case: dict) -> torch.Tensor:
 
 
 # The one tolerance of a match: float32 sums of a handful of terms per token agree to it in any order. (OpenRLHF's
-# estimator on the shared vectors alone needs its own looser one: harness/frameworks/openrlhf, TOLERANCE.)
+# estimator on the shared vectors alone needs its own looser one: harness/frameworks/openrlhf/conformance.py,
+# TOLERANCE.)
 TOLERANCE = 1e-6
 
 

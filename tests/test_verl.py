@@ -22,7 +22,9 @@ from reward_inputs import direct_scores, model_reward_inputs, reward_server
 from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
 from harness.frameworks import reward_serving
-from harness.frameworks import verl as vr
+from harness.frameworks.verl import VALIDATE_ENV
+from harness.frameworks.verl.ingest import ingest
+from harness.frameworks.verl.plan import RAW_PROMPT_TEMPLATE, SEED_KEYS, VALIDATION_GENERATIONS, _hydra_value
 from harness.inputs import resolve_reward
 from harness.runtime.envs import ensure_env
 from harness.runtime.launch_script import shell_command
@@ -36,7 +38,7 @@ EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 
 @pytest.mark.parametrize("log", ["verl_metrics.jsonl", "console.log"])
 def test_ingest_gives_the_numbers_computed_from_the_batches(log):
-    df = vr.ingest([RUN / log], None)
+    df = ingest([RUN / log], None)
     assert list(df["step"]) == [e["step"] for e in EXPECTED]  # the validation-only record at step 0 is skipped
     assert set(df["framework"]) == {"verl"} and set(df["framework_version"]) == {"0.9.1"}
     assert set(df["run_id"]) == {"verl-a100x8-s1"} and set(df["seed"]) == {1} and set(df["n_gpus"]) == {8}
@@ -57,7 +59,7 @@ def test_ingest_gives_the_numbers_computed_from_the_batches(log):
 
 
 def test_console_and_file_logger_agree_exactly():
-    pd.testing.assert_frame_equal(vr.ingest([RUN / "console.log"], None), vr.ingest([RUN / "verl_metrics.jsonl"], None))
+    pd.testing.assert_frame_equal(ingest([RUN / "console.log"], None), ingest([RUN / "verl_metrics.jsonl"], None))
 
 
 def test_ingest_cli_takes_the_run_directory_and_n_gpus(tmp_path):
@@ -107,7 +109,7 @@ def _cut_at(marker, keep):
 def test_a_truncated_or_garbled_line_names_file_and_line(tmp_path, name, edit, message):
     log, lineno = _copy_run(tmp_path, name, edit)
     with pytest.raises(HarnessError) as err:
-        vr.ingest([log], None)
+        ingest([log], None)
     assert f"{log}:{lineno}:" in str(err.value) and message in str(err.value)
 
 
@@ -117,7 +119,7 @@ def test_a_jsonl_line_that_is_not_a_step_record_names_file_and_line(tmp_path):
         return 2
     log, lineno = _copy_run(tmp_path, "verl_metrics.jsonl", edit)
     with pytest.raises(HarnessError, match=re.escape(f"{log}:{lineno}: expected a verl file-logger record")):
-        vr.ingest([log], None)
+        ingest([log], None)
 
 
 def test_a_metric_that_is_not_a_number_names_file_line_and_key(tmp_path):
@@ -128,7 +130,7 @@ def test_a_metric_that_is_not_a_number_names_file_line_and_key(tmp_path):
     log, lineno = _copy_run(tmp_path, "verl_metrics.jsonl", edit)
     message = f"{log}:{lineno}: verl step 3: timing_s/gen is 'fast', not a number"
     with pytest.raises(HarnessError, match=re.escape(message)):
-        vr.ingest([log], None)
+        ingest([log], None)
 
 
 @pytest.mark.parametrize("name, keep", [
@@ -141,7 +143,7 @@ def test_a_log_without_training_steps_is_an_error_not_an_empty_table(tmp_path, n
     log, _ = _copy_run(tmp_path, name, edit)
     assert log.read_text()  # something is left, just no training step
     with pytest.raises(HarnessError, match="no verl training-step metrics found"):
-        vr.ingest([log], None)
+        ingest([log], None)
 
 
 @pytest.mark.parametrize("prefix", ["", "(TaskRunner pid=2861) ", "(pid=17, ip=10.0.0.8) ",
@@ -152,18 +154,18 @@ def test_console_lines_with_or_without_a_ray_prefix(tmp_path, prefix):
     data = json.loads(line)["data"]
     (tmp_path / "console.log").write_text("noise\n" + prefix + " - ".join(
         ["step:1"] + [f"{k}:{v!r}" for k, v in data.items() if isinstance(v, (int, float))]) + "\n")
-    got = vr.ingest([tmp_path / "console.log"], None)
-    pd.testing.assert_frame_equal(got, vr.ingest([RUN / "verl_metrics.jsonl"], None).iloc[:1])
+    got = ingest([tmp_path / "console.log"], None)
+    pd.testing.assert_frame_equal(got, ingest([RUN / "verl_metrics.jsonl"], None).iloc[:1])
 
 
 def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     shutil.copy(RUN / "console.log", tmp_path / "console.log")
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        vr.ingest([tmp_path / "console.log"], None)
+        ingest([tmp_path / "console.log"], None)
     (tmp_path / "plan.json").write_text(json.dumps({"framework": "openrlhf", "framework_version": "x", "run_id": "r",
                                                     "seed": 1, "n_gpus": 8}))
     with pytest.raises(HarnessError, match="planned for framework 'openrlhf'"):
-        vr.ingest([tmp_path / "console.log"], None)
+        ingest([tmp_path / "console.log"], None)
 
 
 # --------------------------------------------------------------------------------------------------------- plan
@@ -211,7 +213,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert int(o["trainer.total_training_steps"]) == rc["steps"]
     assert int(o["trainer.n_gpus_per_node"]) == cfg["launch"]["gpus_per_node"]
     assert int(o["trainer.nnodes"]) == cfg["launch"]["nnodes"]
-    assert all(int(o[k]) == SEED for k in vr.SEED_KEYS)
+    assert all(int(o[k]) == SEED for k in SEED_KEYS)
     assert o["trainer.logger"] == "[console,file]"
     assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "$RUN_DIR/verl_metrics.jsonl"}
     bridge = REPO / "harness" / "frameworks" / "verl" / "reward_function.py"
@@ -222,7 +224,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
             "remax.max_response_length", "remax.temperature", "remax.top_p", "remax.lr", "remax.kl_coef",
             "remax.grad_clip", "policy.path", "launch.gpus_per_node", "launch.nnodes", "seeds"} <= shared
     for h in plan["hyperparameters"]:  # the table says what the command does
-        assert f"{h['framework_key']}={vr._hydra_value(h['effective'])}" in plan["argv"], h
+        assert f"{h['framework_key']}={_hydra_value(h['effective'])}" in plan["argv"], h
     assert {d["key"] for d in plan["deviations"]} >= {"throughput tokens"}
     assert set(plan["inputs"]) == {"dataset", "policy", "reward"}
     # The rule scores in verl's own reward workers, as before: no server, verl replaces the shell.
@@ -374,7 +376,7 @@ def test_launch_script_is_valid_bash_and_says_how_to_build_the_env(planned, tmp_
 @pytest.fixture(scope="session")
 def verl_python():
     """verl 0.9.1 with what composing its config and importing core_algos need; built once into .venvs/."""
-    return ensure_env(vr.VALIDATE_ENV)
+    return ensure_env(VALIDATE_ENV)
 
 
 COMPOSE = r"""
@@ -456,14 +458,14 @@ def test_plan_composes_against_verls_packaged_config_and_passes_its_validation(c
     values, o = out["values"], overrides_of(planned)
     lists = {"data.train_files": [str(planned / "train.parquet")], "data.val_files": [str(planned / "val.parquet")],
              "trainer.logger": ["console", "file"],
-             "actor_rollout_ref.model.custom_chat_template": vr.RAW_PROMPT_TEMPLATE,
+             "actor_rollout_ref.model.custom_chat_template": RAW_PROMPT_TEMPLATE,
              # quoted for hydra; launch.sh expands the placeholder
-             "trainer.validation_data_dir": "$RUN_DIR/" + vr.VALIDATION_GENERATIONS}
+             "trainer.validation_data_dir": "$RUN_DIR/" + VALIDATION_GENERATIONS}
     for key, value in o.items():  # every override landed on an existing key, with the value meant
         assert (values[key] == lists[key]) if key in lists else (str(values[key]) == value), key
     assert values["algorithm.adv_estimator"] == "remax" and values["trainer.use_v1"] is False
     # every seed key verl 0.9.1 has carries the run's seed
-    assert set(out["seed_keys"]) == set(vr.SEED_KEYS)
+    assert set(out["seed_keys"]) == set(SEED_KEYS)
     assert all(values[k] == SEED for k in out["seed_keys"])
     assert out["scores"] == [{"score": reward.score(p, r, a), "acc": float(reward.correct(r, a))} for p, r, a in PROBE]
     assert out["rendered"] == "<s>12+34="  # the raw prompt, as the reference backend sees it

@@ -14,7 +14,8 @@ import yaml
 from conftest import make_inputs, run_cli, tiny_cpu_config
 
 from harness import HarnessError
-from harness.frameworks import verl as vr
+from harness.frameworks.verl import CPU_ENV
+from harness.frameworks.verl.plan import CPU_SETTINGS, METRICS_LOG, RAY_NODE_OVERRIDES
 from harness.report.page import packages_that_ran
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime import envs
@@ -45,7 +46,7 @@ def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_pl
     assert plan["argv"][0].endswith(".venvs/verl-cpu/bin/python")
     assert plan["n_gpus"] == 0 and plan["framework_devices"] == 1  # verl is told of one pretend GPU
     deviations = {d["key"]: d for d in plan["deviations"]}
-    for setting in vr.CPU_SETTINGS:
+    for setting in CPU_SETTINGS:
         assert deviations[setting["key"]]["cause"].startswith("CPU run: ")
         assert all(o in plan["argv"] for o in setting.get("overrides", ()))
         assert all(f"export {k}={shell_word(v)}" in script for k, v in setting.get("env", {}).items())
@@ -55,10 +56,10 @@ def test_the_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(cpu_pl
                    "--out", gpu).returncode == 0
     gpu_plan = json.loads((gpu / "plan.json").read_text())
     assert gpu_plan["env"] == "verl" and gpu_plan["device"] == "gpu"
-    cpu_only = {o for s in vr.CPU_SETTINGS for o in s.get("overrides", ())}
+    cpu_only = {o for s in CPU_SETTINGS for o in s.get("overrides", ())}
     assert not cpu_only & set(gpu_plan["argv"])
     assert "VERL_PLATFORM" not in (gpu / "launch.sh").read_text()
-    assert not {s["key"] for s in vr.CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
+    assert not {s["key"] for s in CPU_SETTINGS} & {d["key"] for d in gpu_plan["deviations"]}
 
 
 def test_a_micro_batch_verl_cannot_split_the_step_into_is_refused_at_plan(cpu_inputs, tmp_path):
@@ -93,7 +94,7 @@ def test_a_missing_cpu_wheel_fails_the_environment_naming_the_package(tmp_path, 
 
 @pytest.fixture(scope="module")
 def verl_cpu_run(cpu_inputs, cpu_plan):
-    ensure_env(vr.CPU_ENV)
+    ensure_env(CPU_ENV)
     run = cpu_inputs["root"] / "run"
     proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -101,7 +102,7 @@ def verl_cpu_run(cpu_inputs, cpu_plan):
 
 
 def verl_records(run):
-    return [json.loads(line) for line in (run / vr.METRICS_LOG).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in (run / METRICS_LOG).read_text().splitlines() if line.strip()]
 
 
 def test_verl_trains_remax_on_the_cpu_and_ingest_gives_what_verl_logged(verl_cpu_run, tmp_path):
@@ -191,10 +192,10 @@ def test_two_nodes_a_ray_head_and_a_worker_each_with_its_gpu_train_remax_and_ing
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((plan_dir / "plan.json").read_text())
     assert "trainer.nnodes=2" in plan["argv"] and "trainer.n_gpus_per_node=1" in plan["argv"]
-    assert not set(vr.RAY_NODE_OVERRIDES) & set(plan["argv"])  # the nodes declare their GPUs; the driver joins
+    assert not set(RAY_NODE_OVERRIDES) & set(plan["argv"])  # the nodes declare their GPUs; the driver joins
     assert plan["framework_devices"] == 2
 
-    ensure_env(vr.CPU_ENV)
+    ensure_env(CPU_ENV)
     proc = run_cli("launch", plan_dir, "--config", config, "--out", run, "--timeout-min", 15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     console = (run / "console.log").read_text()

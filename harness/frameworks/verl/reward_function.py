@@ -7,8 +7,8 @@ once per response, with `solution_str` the decoded response only; the prompt tra
 
 Both return verl's dict form, {"score": the shared reward, "acc": the task's exact match (0 or 1)}: verl trains on
 "score" and reports "acc" as its core validation metric (`val-core/<data_source>/acc/mean@1`, ray_trainer.py
-_val_metrics_update), which is the eval greedy accuracy the harness reads (harness.frameworks.verl.evaluation). Given
-a plain number, verl would report that number as "acc" (reward_loop/reward_manager/naive.py).
+_val_metrics_update), which is the eval greedy accuracy the harness reads (harness.frameworks.verl.ingest.evaluation).
+Given a plain number, verl would report that number as "acc" (reward_loop/reward_manager/naive.py).
 
 - `compute_score` (reward.kind rule): harness.reward.score, in verl's own process.
 - `compute_score_served` (reward.kind model): the shared reward server that launch.sh starts, at the URL it

@@ -1,0 +1,137 @@
+"""The OpenRLHF ingest: the `✨ Global step N: {...}` line the PPOTrainer Ray actor logs per step, in the common
+schema; and the eval greedy accuracy, from vLLM's greedy decoding of the initial policy and of the saved actor.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.frameworks.openrlhf.plan import LOG, NAME, REMAX_DIR
+from harness.frameworks.registry import run_plan
+from harness.io import read_json_object
+from harness.results import metrics
+from harness.runtime import envs
+
+# Format of OpenRLHF 0.11.2's per-step line: trainer/ppo_trainer.py, PPOTrainer.fit,
+#     logger.info(f"✨ Global step {global_step}: {log_status}")
+# through openrlhf/utils/logging_utils.py (format "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s"),
+# printed by the PPOTrainer Ray actor and forwarded by Ray to the driver's stdout behind "(PPOTrainer pid=N) ",
+# which Ray colours with ANSI codes even when stdout is not a terminal. log_status is a dict of floats (its repr).
+STEP_LINE = re.compile(r"✨ Global step (\d+): (\{.*\})\s*$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# repr() of a float that ast.literal_eval does not read back.
+NONFINITE = re.compile(r"(?<![\w.'\"])(-?)(nan|inf)(?![\w'\"])")
+REQUIRED = ("timing/generation", "timing/ppo_train", "timing/broadcast", "timing/step_total", "rollout/num_samples",
+            "rollout/reward_mean", "rollout/response_length_mean", "response_length", "total_length", "remax_baseline")
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        repaired = NONFINITE.sub(lambda m: "None" if m.group(2) == "nan" else m.group(1) + "1e999", text)
+        value = ast.literal_eval(repaired)
+        return {k: math.nan if v is None else v for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def _samples_per_prompt(plan_: dict, path: Path) -> int:
+    for h in plan_.get("hyperparameters", []):
+        if h.get("key") == "remax.rollout_n":
+            return int(h["effective"])
+    raise HarnessError(f"{path}: plan.json lists no remax.rollout_n hyperparameter")
+
+
+def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> dict:
+    missing = [k for k in REQUIRED if k not in status]
+    if missing:
+        hint = " (not a ReMax run: was --algo.advantage.estimator remax with the ReMax agent used?)" \
+            if "remax_baseline" in missing else ""
+        raise HarnessError(f"{where}: step {step} lacks {', '.join(missing)}{hint}")
+    samples = status["rollout/num_samples"]
+    greedy_tokens = status.get("remax_baseline_tokens", math.nan)
+    return {
+        "step": step, "n_gpus": n_gpus,
+        "time_step_s": status["timing/step_total"],
+        "time_gen_s": status["timing/generation"],
+        "time_transition_s": status["timing/broadcast"],
+        "time_train_s": status["timing/ppo_train"],
+        # Sample-weighted means over the step's samples, times the number of samples.
+        "tokens_prompt": samples * (status["total_length"] - status["response_length"]),
+        "tokens_response": samples * status["rollout/response_length_mean"],
+        "tokens_baseline": greedy_tokens * samples / per_prompt,  # every sample carries its prompt's greedy length
+        "reward_mean": status["rollout/reward_mean"],
+        "reward_baseline_mean": status["remax_baseline"],
+        "kl_mean": status.get("remax_kl_sum", math.nan),
+        "response_length_mean": status["rollout/response_length_mean"],
+    }
+
+
+def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+    rows = []
+    for path in map(Path, logs):
+        plan_ = run_plan(path, NAME)
+        identity = {k: plan_[k] for k in ("framework", "framework_version", "run_id", "seed")}
+        gpus = plan_["n_gpus"] if n_gpus is None else n_gpus
+        per_prompt = _samples_per_prompt(plan_, path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                if "✨ Global step" not in line:
+                    continue
+                where = f"{path}:{lineno}"
+                match = STEP_LINE.search(ANSI.sub("", line))
+                if not match:
+                    raise HarnessError(f"{where}: garbled OpenRLHF step line (expected '✨ Global step N: {{...}}')")
+                try:
+                    status = _literal(match.group(2))
+                except (ValueError, SyntaxError) as e:
+                    raise HarnessError(f"{where}: the step's metrics are not a Python dict literal ({e})") from None
+                if not isinstance(status, dict):
+                    raise HarnessError(f"{where}: the step's metrics are not a dict")
+                rows.append({**identity, **_row(status, int(match.group(1)), gpus, per_prompt, where)})
+    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+
+
+# ----------------------------------------------------------------------------------------------------- evaluation
+
+GREEDY_EVAL = REMAX_DIR / "greedy_eval.py"
+EVAL_LOG = "openrlhf_eval.json"  # greedy_eval.py's record, beside OpenRLHF's log
+CHECKPOINT = "ckpt"  # the final actor, where --ckpt.output_dir's default (./ckpt) puts it: the run directory
+
+
+def evaluation(run_dir: Path) -> dict | None:
+    """Eval greedy accuracy before and after training: vLLM's greedy decoding of the initial policy and of the actor
+    OpenRLHF saved (remax/greedy_eval.py, in the run's environment, after the run; OpenRLHF's own evaluation samples
+    and runs only after training steps)."""
+    run_dir = Path(run_dir).resolve()
+    plan_ = run_plan(run_dir / LOG, NAME)
+    if not (run_dir / CHECKPOINT).is_dir():
+        return None
+    argv, out = plan_["argv"], run_dir / EVAL_LOG
+    env = {**os.environ, **{k: v.replace("$RUN_DIR", str(run_dir)) for k, v in plan_["env_vars"].items()},
+           "PYTHONPATH": str(envs.REPO)}
+    # from the caller's working directory, against which the plan's input paths are written
+    proc = subprocess.run([*argv[:argv.index("-m")], str(GREEDY_EVAL), str(run_dir), str(out)], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode:
+        raise HarnessError(f"{GREEDY_EVAL.name} failed on {run_dir} (exit {proc.returncode}):\n"
+                           + (proc.stdout + proc.stderr)[-3000:])
+    record = read_json_object(out, "greedy evaluation record")
+    try:
+        points: dict[str, dict[str, Any]] = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
+                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+        points["before"]["responses"] = list(record["before"]["responses"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise HarnessError(f"{out}: not greedy_eval.py's record ({e!r})") from None
+    return {"run_id": plan_["run_id"], "split": "eval",
+            "source": "greedy decoding by vLLM of the initial policy and of OpenRLHF's saved actor (greedy_eval.py)",
+            **points}
