@@ -14,11 +14,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.runtime.launch_script import shell_word, shell_words
+from harness.runtime.launch_script import fill, shell_word, shell_words
 
 SCORED_BY = ("served", "in-process")
 URL_VAR = "REMAX_BENCH_REWARD_URL"  # the served reward's URL, exported by launch.sh to the framework's processes
 HEALTH_TIMEOUT_S = 600  # a 7B reward model loads in minutes, not seconds
+TEMPLATE = Path(__file__).with_name("templates") / "reward_server.sh.j2"
 
 
 def check_model(reward_input: dict) -> None:
@@ -56,29 +57,6 @@ def server_block(config: dict, inputs_dir: str | Path, record: dict, *, host: st
                   "--batch-size", str(rc["batch_size"]), "--max-length", str(rc["max_length"])]
     pick = ("$(" + python + " -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
             "print(s.getsockname()[1])')")
-    return f"""# The shared reward ({record['kind']}, sha256 {record['sha256'][:12]}), served by harness.reward.server
-REWARD_PORT={pick if port is None else int(port)}
-REWARD_HOST={shell_word(host)}
-REWARD_URL="http://$REWARD_HOST:$REWARD_PORT"
-if {python} -m harness.cli serve-reward --health-check "$REWARD_URL" --timeout 0 >/dev/null 2>&1; then
-  echo "launch.sh: a reward server already answers at $REWARD_URL (another run's?): stop it, or plan another port" >&2
-  exit 2
-fi
-{python} {shell_words(serve)} --port "$REWARD_PORT" >"{log}" 2>&1 &
-REWARD_PID=$!
-stop_reward_server() {{ kill "$REWARD_PID" 2>/dev/null || true; wait "$REWARD_PID" 2>/dev/null || true; }}
-trap stop_reward_server EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-{python} -m harness.cli serve-reward --health-check "$REWARD_URL" --timeout {health_timeout_s:g}
-if ! kill -0 "$REWARD_PID" 2>/dev/null; then
-  echo "launch.sh: the reward server exited (see {log}); whatever answers at $REWARD_URL is not it" >&2
-  exit 2
-fi
-{python} -c 'import json, sys, urllib.request
-served = json.load(urllib.request.urlopen(sys.argv[1] + "/health", timeout=30)).get("sha256")
-if served != sys.argv[2]:
-    sys.exit(f"launch.sh: the reward server at {{sys.argv[1]}} serves {{served}}, not the planned {{sys.argv[2]}}")
-' "$REWARD_URL" {shell_word(record['sha256'])}
-export REWARD_URL {URL_VAR}="$REWARD_URL"
-"""
+    return fill(TEMPLATE, kind=record["kind"], sha256=record["sha256"], planned_sha256=shell_word(record["sha256"]),
+                port=pick if port is None else int(port), host=shell_word(host), python=python,
+                serve=shell_words(serve), log=log, health_timeout_s=f"{health_timeout_s:g}", url_var=URL_VAR)

