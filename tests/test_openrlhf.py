@@ -358,20 +358,7 @@ def openrlhf_python():
     return orl_conformance.ensure_validate_env()
 
 
-PARSE = '''
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from validate import as_dict, parsed_args
-good, bad = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-result = {"good": as_dict(parsed_args(good)), "bad": {}}
-for name, argv in bad.items():
-    try:
-        parsed_args(argv)
-        result["bad"][name] = 0
-    except SystemExit as e:
-        result["bad"][name] = e.code
-print(json.dumps(result, default=repr))
-'''
+PARSE = FIXTURES / "parse_check.py"  # runs in openrlhf-validate
 
 
 def test_planned_command_passes_openrlhfs_own_parser(openrlhf_python, planned):
@@ -380,7 +367,7 @@ def test_planned_command_passes_openrlhfs_own_parser(openrlhf_python, planned):
                "old_n_samples": [a if a != "--rollout.n_samples_per_prompt" else "--n_samples_per_prompt"
                                  for a in argv],
                "typo": argv + ["--algo.advantage.estimatr", "remax"]}
-    proc = subprocess.run([str(openrlhf_python), "-c", PARSE, str(orl_plan.REMAX_DIR), json.dumps(argv),
+    proc = subprocess.run([str(openrlhf_python), PARSE, str(orl_plan.REMAX_DIR), json.dumps(argv),
                            json.dumps(renamed)], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": f"{orl_conformance.STUBS}:{REPO}"})
     assert proc.returncode == 0, proc.stderr[-3000:]

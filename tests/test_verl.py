@@ -379,56 +379,7 @@ def verl_python():
     return ensure_env(VALIDATE_ENV)
 
 
-COMPOSE = r"""
-import json, os, sys
-import jinja2
-import verl
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-from verl.utils.config import validate_config
-from verl.utils.import_utils import load_extern_object
-
-CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-
-
-def walk(node, prefix=""):
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from walk(v, f"{prefix}{k}.")
-    else:
-        yield prefix[:-1], node
-
-
-def check(overrides, probe):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)
-    values = dict(walk(OmegaConf.to_container(cfg, resolve=True)))  # every interpolation must resolve
-    # main_ppo.main runs this before starting anything; the two flags follow verl.trainer.ppo.utils
-    # need_reference_policy / need_critic (that module needs `datasets`, which this environment leaves out).
-    critic = cfg.critic.get("enable")
-    use_ref = bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
-    use_critic = bool(critic) if critic is not None else cfg.algorithm.adv_estimator == "gae"
-    validate_config(cfg, use_reference_policy=use_ref, use_critic=use_critic)
-    fn = load_extern_object(module_path=cfg.reward.custom_reward_function.path,
-                            object_name=cfg.reward.custom_reward_function.name)
-    return {
-        "values": values,
-        "seed_keys": sorted(k for k in values if k.split(".")[-1] == "seed" or k.endswith("_seed")),
-        "scores": [fn(data_source="remax-bench/addition", solution_str=r, ground_truth=a, extra_info={"prompt": p})
-                   for p, r, a in probe],
-        "rendered": jinja2.Template(cfg.actor_rollout_ref.model.custom_chat_template).render(
-            messages=[{"role": "user", "content": probe[0][0]}], bos_token="<s>", add_generation_prompt=True),
-    }
-
-
-results = {}
-for name, job in json.loads(sys.argv[1]).items():
-    try:
-        results[name] = check(job["overrides"], job["probe"])
-    except BaseException as e:  # hydra's errors, verl's asserts and ValueErrors
-        results[name] = {"error": f"{type(e).__name__}: {e}"}
-print(json.dumps(results, default=str))
-"""
+COMPOSE = FIXTURES / "compose_check.py"  # runs in verl-validate
 
 PROBE = [("12+34=", "46", "46"), ("12+34=", "47", "46"), ("9+9=", "x", "18")]
 BAD = {  # appended to the plan's overrides: each must fail in verl's own config or validation
@@ -446,7 +397,7 @@ def composed(verl_python, planned, tmp_path_factory):
     jobs = {"plan": {"overrides": overrides, "probe": PROBE},
             **{name: {"overrides": overrides + [bad], "probe": PROBE} for name, (bad, _) in BAD.items()}}
     # From elsewhere, without the harness on the path: verl loads the reward bridge by file path.
-    proc = subprocess.run([str(verl_python), "-c", COMPOSE, json.dumps(jobs)], capture_output=True, text=True,
+    proc = subprocess.run([str(verl_python), COMPOSE, json.dumps(jobs)], capture_output=True, text=True,
                           cwd=tmp_path_factory.mktemp("elsewhere"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
@@ -478,7 +429,7 @@ def test_model_plan_composes_and_verl_loads_the_served_reward_function(verl_pyth
     scores of the reward model."""
     overrides = json.loads((planned_model / "plan.json").read_text())["argv"][3:]
     with reward_server(model_inputs["inputs"]) as url:
-        proc = subprocess.run([str(verl_python), "-c", COMPOSE, json.dumps({"plan": {"overrides": overrides,
+        proc = subprocess.run([str(verl_python), COMPOSE, json.dumps({"plan": {"overrides": overrides,
                                                                                      "probe": PROBE}})],
                               capture_output=True, text=True, cwd=tmp_path,
                               env={**os.environ, reward_serving.URL_VAR: url})
