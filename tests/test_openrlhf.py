@@ -202,16 +202,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-STAND_IN_JOB = '''
-import json, os, sys, urllib.request
-argv = sys.argv[1:]
-agent = argv[argv.index("--train.agent_func_path") + 1]
-url = json.load(open(os.path.join(os.path.dirname(agent), "remax_agent.json")))["reward_url"]
-body = json.dumps({"query": ["12+34=46"], "prompts": ["12+34="], "labels": ["46"]}).encode()
-with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"})) as r:
-    print("stand-in job: reward answer", json.loads(r.read())["rewards"], "in", os.getcwd())
-sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
-'''
+STAND_IN_JOB = FIXTURES / "stand_in_job.py"
 
 
 @pytest.mark.parametrize("exit_code", [0, 3])
@@ -240,10 +231,9 @@ def _stand_in_env(tmp_path, monkeypatch):
     """A stand-in for the GPU environment's python: the patch is a no-op, the OpenRLHF job is STAND_IN_JOB."""
     env_bin = tmp_path / "envs" / "openrlhf" / "bin"
     env_bin.mkdir(parents=True)
-    (tmp_path / "job.py").write_text(STAND_IN_JOB)
     (env_bin / "python3").write_text(f'#!/usr/bin/env bash\ncase "$1" in\n  *remax_patch.py) exit 0 ;;\n'
                                      f'  -m) [ "$2" = openrlhf.cli.train_ppo_ray ] || exit 9; shift 2\n'
-                                     f'      exec {shlex.quote(sys.executable)} {tmp_path / "job.py"} "$@" ;;\n'
+                                     f'      exec {shlex.quote(sys.executable)} {STAND_IN_JOB} "$@" ;;\n'
                                      f'esac\nexit 9\n')
     (env_bin / "python3").chmod(0o755)
     monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "envs")

@@ -266,26 +266,15 @@ def test_plan_with_a_reward_model_serves_the_checkpoint(planned_model, model_inp
     assert f"export REWARD_URL {reward_serving.URL_VAR}=" in script
 
 
-STAND_IN_VERL = r"""
-import importlib.util, json, os, sys
-# verl loads the reward function by path (verl.utils.import_utils.load_extern_object); so does this stand-in.
-o = dict(a.split("=", 1) for a in sys.argv[3:])
-spec = importlib.util.spec_from_file_location("custom_module", o["reward.custom_reward_function.path"])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-fn = getattr(module, o["reward.custom_reward_function.name"])
-print("STAND-IN", json.dumps({"cwd": os.getcwd(), "url": os.environ["REMAX_BENCH_REWARD_URL"],
-      "scores": [fn("remax-bench/addition", r, "46", {"prompt": "12+34="}) for r in ("46", "47")]}))
-"""
+STAND_IN_VERL = FIXTURES / "stand_in_job.py"
 
 
 def test_launch_serves_the_reward_model_to_verl_and_stops_the_server(planned_model, model_inputs, tmp_path):
     """The planned launch.sh, with a stand-in for the GPU environment's python (vLLM and CUDA cannot exist here):
     the server it starts on a free port answers the reward function verl would load, and is gone afterwards."""
     argv0 = json.loads((planned_model / "plan.json").read_text())["argv"][0]
-    (tmp_path / "job.py").write_text(STAND_IN_VERL)
     stand_in = tmp_path / "python"
-    stand_in.write_text(f"#!/usr/bin/env bash\nexec {shlex.quote(sys.executable)} {tmp_path / 'job.py'} \"$@\"\n")
+    stand_in.write_text(f"#!/usr/bin/env bash\nexec {shlex.quote(sys.executable)} {STAND_IN_VERL} \"$@\"\n")
     stand_in.chmod(0o755)
     script = tmp_path / "launch.sh"
     script.write_text((planned_model / "launch.sh").read_text().replace(argv0, str(stand_in)))
