@@ -14,7 +14,7 @@ reader can tell.
 `power` builds synthetic nightly series by resampling those measurements: a pipeline run is drawn whole (its
 seeds together, so load shared by the seeds of one run stays shared) and its per-seed values are expressed as
 ratios to the per-seed median over all measured runs, so the seed's own workload cancels. A series of H history
-runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.statistics.assess),
+runs plus the next nights goes through the same code as `remax-bench check` (harness.regression.verdict.assess),
 with the baseline written from the history's last BASELINE_RUNS runs (just updated) or from its first ones (the
 nights since then join its reference, as they do in the check; --baseline-at):
 with no change (false alarms); with the nights' throughput multiplied by 0.95, each slow night joining the history the
@@ -137,10 +137,10 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
         PERSISTENCE,
         PROBE,
         adjust_for_machine,
-        assess,
         machine_sensitivity,
         machine_speed_outside,
     )
+    from harness.regression.verdict import Series, assess
 
     measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
     # As the check does: a figure with a better-controlled one beside it (raw throughput beside the one adjusted
@@ -169,8 +169,8 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
         probe = np.median(raw[PROBE], axis=1)
         return machine_speed_outside(list(probe[:night]), float(probe[night])) is not None
 
-    def recent(rows: np.ndarray) -> list[dict]:  # the last runs of a history, most recent first, as check passes them
-        return [dict(enumerate(r)) for r in rows[::-1][:PERSISTENCE - 1]]
+    def recent(rows: np.ndarray) -> tuple[dict, ...]:  # the last runs of a history, most recent first, as in check
+        return tuple(dict(enumerate(r)) for r in rows[::-1][:PERSISTENCE - 1])
 
     def values(name: str, raw: dict[str, np.ndarray], n_past: int) -> np.ndarray:
         """A metric's values over the drawn runs; the adjusted throughput fitted on the first n_past, as check fits
@@ -186,10 +186,10 @@ def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, hi
         past = vals[:night]
         baseline = {s: list(vals[b0:b0 + BASELINE_RUNS, s]) for s in range(vals.shape[1])}
         under_test = night - (PERSISTENCE - 1)  # persistence judges the runs from here with this night, as in check
-        since = [dict(enumerate(r)) for r in vals[b0 + BASELINE_RUNS:under_test]]
-        before = [dict(enumerate(r)) for r in vals[:min(b0, under_test)]]
-        return assess(m, dict(enumerate(vals[night])), baseline, pd.DataFrame(np.log(past)), recent(past),
-                      since=since, before=before)
+        since = tuple(dict(enumerate(r)) for r in vals[b0 + BASELINE_RUNS:under_test])
+        before = tuple(dict(enumerate(r)) for r in vals[:min(b0, under_test)])
+        return assess(m, dict(enumerate(vals[night])),
+                      Series(baseline, pd.DataFrame(np.log(past)), recent(past), since=since, before=before))
 
     def judged(m, raw: dict[str, np.ndarray], night: int) -> bool:
         return verdict(m, raw, night)["status"] == "regression"
@@ -299,7 +299,8 @@ def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -
 
 def set_constants(assignments: list[str]) -> None:
     """--set NAME=VALUE: a what-if of the check's constants (harness.regression.statistics), before anything reads
-    them; each is printed with the check's own value, so output under a what-if cannot pass for the check's."""
+    them (harness.regression.verdict binds them when simulate first imports it); each is printed with the check's
+    own value, so output under a what-if cannot pass for the check's."""
     import harness.regression.statistics as check_statistics
 
     for assignment in assignments:

@@ -23,7 +23,6 @@ from harness.regression.statistics import (
     PERSISTENCE,
     REFERENCE_BEFORE,
     Z_SUPPORT,
-    assess,
     machine_sensitivity,
     noise_dof,
     noise_level,
@@ -32,6 +31,7 @@ from harness.regression.statistics import (
     run_residuals,
     student_quantile,
 )
+from harness.regression.verdict import Series, assess
 from harness.results.layout import HISTORY
 
 THROUGHPUT = METRICS[0]
@@ -221,10 +221,10 @@ def test_one_seed_hit_by_a_load_spike_does_not_alert():
     rng = np.random.default_rng(3)
     history = _history(1000 * np.exp(0.01 * rng.standard_normal((12, 3))))
     baseline = {s: list(1000 * np.exp(0.01 * rng.standard_normal(5))) for s in (0, 1, 2)}
-    spike = assess(THROUGHPUT, {0: 600.0, 1: 1001.0, 2: 998.0}, baseline, history)
+    spike = assess(THROUGHPUT, {0: 600.0, 1: 1001.0, 2: 998.0}, Series(baseline, history))
     assert spike["status"] == "ok" and spike["evidence"]["per_seed_change"]["0"] < -35
-    slow = assess(THROUGHPUT, {0: 930.0, 1: 935.0, 2: 940.0}, baseline, history)
-    fast = assess(THROUGHPUT, {0: 1100.0, 1: 1090.0, 2: 1080.0}, baseline, history)
+    slow = assess(THROUGHPUT, {0: 930.0, 1: 935.0, 2: 940.0}, Series(baseline, history))
+    fast = assess(THROUGHPUT, {0: 1100.0, 1: 1090.0, 2: 1080.0}, Series(baseline, history))
     assert slow["status"] == "regression" and fast["status"] == "improved"
 
 
@@ -232,7 +232,7 @@ def test_a_metric_this_run_did_not_record_is_no_comparison_not_a_crash():
     rng = np.random.default_rng(4)
     history = _history(1000 * np.exp(0.01 * rng.standard_normal((12, 3))))
     baseline = {s: [1000.0] for s in (0, 1, 2)}
-    got = assess(THROUGHPUT, {0: None, 1: None, 2: None}, baseline, history)
+    got = assess(THROUGHPUT, {0: None, 1: None, 2: None}, Series(baseline, history))
     assert got["status"] == "no comparison" and f"no {THROUGHPUT.name} value for seeds [0, 1, 2]" in got["reason"]
 
 
@@ -246,12 +246,12 @@ def nightly_verdicts(values, history=12, baseline_runs=5, baseline_from=None):
     for night in range(history, len(values)):
         past = values[:night]
         under_test = night - (PERSISTENCE - 1)
-        result = assess(THROUGHPUT, dict(enumerate(values[night])),
-                        {s: list(values[b0:b0 + baseline_runs, s]) for s in range(values.shape[1])},
-                        _history(past), [dict(enumerate(r)) for r in past[::-1][:PERSISTENCE - 1]],
-                        [f"r{i}" for i in range(night, night - PERSISTENCE, -1)],
-                        [dict(enumerate(r)) for r in values[b0 + baseline_runs:under_test]],
-                        [dict(enumerate(r)) for r in values[:min(b0, under_test)]])
+        series = Series({s: list(values[b0:b0 + baseline_runs, s]) for s in range(values.shape[1])},
+                        _history(past), tuple(dict(enumerate(r)) for r in past[::-1][:PERSISTENCE - 1]),
+                        tuple(f"r{i}" for i in range(night, night - PERSISTENCE, -1)),
+                        since=tuple(dict(enumerate(r)) for r in values[b0 + baseline_runs:under_test]),
+                        before=tuple(dict(enumerate(r)) for r in values[:min(b0, under_test)]))
+        result = assess(THROUGHPUT, dict(enumerate(values[night])), series)
         out.append(result)
     return out
 
@@ -311,7 +311,7 @@ def test_the_nights_since_the_baseline_at_its_level_join_its_reference_and_no_ot
     since = [dict.fromkeys((0, 1, 2), 1000.0) for _ in range(11)]
     since[3] = dict.fromkeys((0, 1, 2), 920.0)  # a regressed night
     since[6] = dict.fromkeys((0, 1, 2), 1080.0)  # a night much faster than the baseline
-    got = assess(THROUGHPUT, dict.fromkeys((0, 1, 2), 1000.0), baseline, history, since=since)
+    got = assess(THROUGHPUT, dict.fromkeys((0, 1, 2), 1000.0), Series(baseline, history, since=tuple(since)))
     assert got["status"] == "ok" and got["evidence"]["n_baseline_runs"] == 5
     assert got["evidence"]["n_reference_runs"] == 5 + 11 - 2 and got["evidence"]["n_reference_before"] == 0
     assert got["baseline"] == 1000.0
@@ -331,14 +331,14 @@ def test_the_runs_before_a_baseline_join_its_reference_only_as_one_level_with_it
     level = np.median(values[12:], axis=0)
     before = [dict(enumerate(r)) for r in level * np.exp(0.3 * sigma * np.random.default_rng(1).standard_normal(
         (REFERENCE_BEFORE + 2, 3)))]
-    same = assess(THROUGHPUT, dict(enumerate(level)), baseline, history, before=before)
+    same = assess(THROUGHPUT, dict(enumerate(level)), Series(baseline, history, before=tuple(before)))
     assert same["evidence"]["n_reference_before"] == REFERENCE_BEFORE  # the two oldest are beyond the segment
     assert same["evidence"]["n_reference_runs"] == 5 + REFERENCE_BEFORE
     # A level one noise level faster: each run alone lies within Z_SUPPORT of the baseline and would join it.
     old = [{s: v * math.exp(sigma) for s, v in r.items()} for r in before]
     within = Z_SUPPORT * sigma * math.sqrt(1 + (math.pi / 2) / 5)  # a run's change against a 5-run baseline
     assert all(abs(np.median(np.log([r[s] / level[s] for s in (0, 1, 2)]))) < within for r in old)
-    moved = assess(THROUGHPUT, dict(enumerate(level)), baseline, history, before=old)
+    moved = assess(THROUGHPUT, dict(enumerate(level)), Series(baseline, history, before=tuple(old)))
     assert moved["evidence"]["n_reference_before"] == 0 and moved["evidence"]["n_reference_runs"] == 5
     # The reference is then the baseline's own, so the night at the baseline's level is not judged slower.
     assert moved["baseline"] == pytest.approx(np.median(values[12:]))
@@ -394,8 +394,8 @@ def test_the_noise_is_widened_the_more_the_fewer_runs_estimate_it():
     widening = [noise_widening(n) for n in (8, 12, 20, 40, 1000)]
     assert all(a > b for a, b in itertools.pairwise(widening)) and 1 < widening[-1] < 1.01
     values = quiet_nights(12)
-    verdict = assess(THROUGHPUT, dict(enumerate(values[-1])), {s: list(values[:5, s]) for s in range(3)},
-                     _history(values[:-1]))
+    verdict = assess(THROUGHPUT, dict(enumerate(values[-1])),
+                     Series({s: list(values[:5, s]) for s in range(3)}, _history(values[:-1])))
     ev = verdict["evidence"]
     assert ev["noise_widening"] == noise_widening(11)
     assert math.isclose(ev["run_noise"] / 100, math.expm1(noise_level(_history(values[:-1]))[0] * noise_widening(11)))
@@ -622,7 +622,7 @@ def test_a_transition_change_under_a_millisecond_is_not_an_alert_whatever_its_z(
     for level, expected in ((0.0003, "ok"), (0.5, "regression")):
         history = _history(level * np.exp(0.02 * rng.standard_normal((12, 3))))
         baseline = {s: [level] * 5 for s in (0, 1, 2)}
-        got = assess(transition, dict.fromkeys((0, 1, 2), level * 1.4), baseline, history)
+        got = assess(transition, dict.fromkeys((0, 1, 2), level * 1.4), Series(baseline, history))
         assert got["status"] == expected and got["evidence"]["z"] > 10, got
         if expected == "ok":
             assert "under this metric's floor of 0.001: too small to act on" in got["reason"]

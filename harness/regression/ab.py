@@ -209,22 +209,21 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
     return record
 
 
-def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, out: Path, seeds: list[int] | None,
-         limits: tuple[int, int, float, float, float, float | None], say: Callable[[str], None]) -> dict:
-    a, b = arms
-    max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
+def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
+            say: Callable[[str], None]) -> tuple[dict, str, str | None]:
+    """Each arm's checkout, frozen config and, for a planned framework, environment; refused before anything runs
+    where the arms would not train the same framework on the same inputs. Returns A's frozen config, the framework
+    and the environment it runs in (None: embedded in the harness's own)."""
     (tmp / "arms").mkdir()
-    logs = tmp / "logs"
-    logs.mkdir()
-    for arm in (a, b):
+    for arm in arms:
         resolve_arm(arm, repo, tmp / "arms" / arm.label)
-    for arm in (a, b):
+    for arm in arms:
         if arm.worktree:
             git(repo, "worktree", "add", "--detach", str(arm.tree), arm.commit)
         arm.config = tmp / f"config-{arm.label}.json"
         _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
              log=logs / f"{arm.label}.log")
-    frozen = {arm.label: json.loads(arm.config.read_text()) for arm in (a, b)}  # type: ignore[union-attr]
+    frozen = {arm.label: json.loads(arm.config.read_text()) for arm in arms}  # type: ignore[union-attr]
     differ = [d for s in ("frameworks", *INPUT_SECTIONS) for d in _differences(frozen["A"].get(s),
                                                                                frozen["B"].get(s), s)]
     if differ:
@@ -232,32 +231,37 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
                            + "; ".join(differ[:5]))
     framework = frozen["A"]["frameworks"][0]
     env = environment(get_adapter(framework), frozen["A"])
-    for arm in (a, b):
+    for arm in arms:
         for name in arm.envs:
             if name != env:
                 raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}: {framework} runs under this "
                                    f"config in {env or 'the harness environment (embedded)'}, not in {name}")
     made: dict[str, Path] = {}
-    for arm in (a, b):
+    for arm in arms:
         if env:
             arm.env_root = tmp / "envs" / arm.label
             arm.built[env] = arm_environment(arm, env, arm.env_root, made, say)
-    seeds = seeds or frozen["A"]["seeds"]
-    warmup = frozen["A"]["remax"]["warmup_steps"]
-    for what in ("dataset", "policy", "reward"):
-        _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
+    return frozen["A"], framework, env
 
+
+def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, seeds: list[int], tmp: Path,
+           logs: Path, limits: tuple[int, int, float, float, float, float | None], started: float,
+           say: Callable[[str], None]) -> tuple[list[dict], dict]:
+    """Pairs of runs in ABBA order, pair k on seed k mod len(seeds), until paired.decide stops them (from the
+    `min_pairs`-th pair on) or the pairs or minutes run out. Returns the pairs and the last verdict."""
+    a, b = arms
+    max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
     pairs: list[dict] = []
-    started, verdict = time.monotonic(), None
+    verdict = None
     for k in range(max_pairs):
         seed = seeds[k % len(seeds)]
         order = (a, b) if k % 2 == 0 else (b, a)
         figures = {}
         for arm in order:
             run = tmp / "runs" / f"pair{k + 1}-{arm.label}-s{seed}"
-            _train(arm, framework, env is not None, seed, run, tmp / "inputs", frozen["A"]["launch"]["timeout_min"],
+            _train(arm, framework, planned, seed, run, tmp / "inputs", config["launch"]["timeout_min"],
                    logs / f"{arm.label}.log")
-            figures[arm.label] = {**_figures(run, warmup), "inputs": _inputs_of(run)}
+            figures[arm.label] = {**_figures(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
         if figures["A"]["inputs"] != figures["B"]["inputs"]:
             raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
                                f"{figures['A']['inputs']} against {figures['B']['inputs']})")
@@ -278,6 +282,21 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         if final:
             break
     assert verdict is not None  # the last pair is always final
+    return pairs, verdict
+
+
+def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, out: Path, seeds: list[int] | None,
+         limits: tuple[int, int, float, float, float, float | None], say: Callable[[str], None]) -> dict:
+    a, b = arms
+    max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
+    logs = tmp / "logs"
+    logs.mkdir()
+    frozen, framework, env = _set_up(repo, raw, arms, tmp, logs, say)
+    seeds = seeds or frozen["seeds"]
+    for what in ("dataset", "policy", "reward"):
+        _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
+    started = time.monotonic()
+    pairs, verdict = _pairs(arms, framework, env is not None, frozen, seeds, tmp, logs, limits, started, say)
     looks_alpha = alpha / (max_pairs - min_pairs + 1)
     return {
         "framework": framework,

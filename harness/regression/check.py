@@ -78,13 +78,15 @@ from harness.regression.statistics import (
     Z_SUPPORT,
     Metric,
     adjust_for_machine,
-    assess,
     machine_sensitivity,
     machine_speed_outside,
     series_table,
     training_time_to,
 )
+from harness.regression.verdict import Series, assess
 from harness.results import layout
+
+_BY_NAME = {m.name: m for m in METRICS}
 
 
 def _metric_of(name: str) -> Callable[[dict], float | None]:
@@ -102,18 +104,21 @@ def _per_seed(metric: Metric, value: Callable[[dict], float | None], rows: list[
     return {r["seed"]: _judgeable(metric, value, r) for r in rows}
 
 
-def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
-    target = base.get("reward_target")
+def _extractors(target: float | None) -> dict[str, Callable[[dict], float | None]]:
+    """metric name -> its value in a row; a history row's time-to-reward from its stored curve, at the baseline's
+    own reward target, so that every run is timed to the same reward."""
     extract = {m.name: _metric_of(m.name) for m in METRICS}
     extract["time_to_reward_s"] = lambda r: (r["metrics"].get("time_to_reward_s") if "curve" not in r
                                              else training_time_to(r["curve"], target) if target is not None else None)
-    # Noise from the history of the series; the baseline's own runs fill in what the history does not hold.
-    known = {r["pipeline_run"] for r in history}
-    series = history + [{**r, "pipeline_time": r.get("pipeline_time", "")} for r in base["runs"]
-                        if r["pipeline_run"] not in known]
+    return extract
+
+
+def _disturbed(rows: list[dict], cur_rows: list[dict]) -> dict[str, str | None]:
+    """pipeline run -> why its timings cannot be judged (contention, a machine speed beyond the series'), or None:
+    the series' runs and this one, each against the series' usual without this one."""
     def per_run(name: str) -> dict[str, float]:
         by_run: dict[str, list[float]] = {}
-        for r in series + cur_rows:
+        for r in rows + cur_rows:
             if (v := r["metrics"].get(name)) is not None:
                 by_run.setdefault(r["pipeline_run"], []).append(v)
         return {run: float(np.median(v)) for run, v in by_run.items()}
@@ -127,7 +132,6 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
     usual, usual_foreign = usual_of(contention), usual_of(foreign)
 
     def contended(run: str) -> str | None:
-        """Why the run's timings cannot be judged, or None."""
         if usual is not None and run in contention and contention[run] > usual * CONTENTION_MARGIN:
             return (f"wall/CPU time {contention[run]:.2f}x, the series' usual {usual:.2f}x: the run waited for "
                     "cores another job held")
@@ -138,15 +142,17 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
             return machine_speed_outside([p for r, p in probes.items() if r not in (run, now)], probes[run])
         return None
 
-    disturbed = {run: contended(run) for run in {r["pipeline_run"] for r in series} | {now}}
-    quiet = [r for r in series if not disturbed[r["pipeline_run"]]]
-    now_contended = disturbed[now]
-    # The machine-speed adjustment (CUPED-style: the probe is a covariate the run's own code cannot move), fitted
-    # on the quiet history; the baseline's median probe time is the speed everything is brought to.
-    by_name = {m.name: m for m in METRICS}
+    return {run: contended(run) for run in {r["pipeline_run"] for r in rows} | {now}}
+
+
+def _machine_adjustment(quiet: list[dict], base_runs: list[dict], extract: dict[str, Callable[[dict], float | None]]
+                        ) -> tuple[Callable[[dict], float | None], dict]:
+    """A row's throughput at the baseline's machine speed (ADJUSTED), and the fit's evidence. CUPED-style: the probe
+    is a covariate the run's own code cannot move; fitted on the quiet history, and the baseline's median probe time
+    is the speed everything is brought to."""
     theta, corr, points = machine_sensitivity(
-        *(series_table(quiet, by_name[n], extract[n]) for n in ("throughput_tok_s", PROBE)))
-    base_probe = [v for r in base["runs"] if (v := extract[PROBE](r))]
+        *(series_table(quiet, _BY_NAME[n], extract[n]) for n in ("throughput_tok_s", PROBE)))
+    base_probe = [v for r in base_runs if (v := extract[PROBE](r))]
     probe_ref = float(np.median(base_probe)) if base_probe else None
 
     def adjusted(r: dict) -> float | None:
@@ -154,46 +160,65 @@ def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[di
         return None if probe_ref is None or t is None or not p or p <= 0 else adjust_for_machine(t, p, theta,
                                                                                                 probe_ref)
 
-    extract[ADJUSTED] = adjusted
-    # The history's runs after the baseline's last run and before its first: those at its level join its runs as
-    # the reference.
-    base_times = [t for r in base["runs"] if (t := r.get("pipeline_time"))]
+    return adjusted, {"theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
+                      "probe_reference_s": probe_ref, "fit": "Theil-Sen slope of log throughput on log probe time "
+                      "over the quiet history (runs x seeds)"}
+
+
+def _series(metric: Metric, value: Callable[[dict], float | None], rows: list[dict], base_runs: list[dict],
+            runs_of: dict[str, list[dict]], now: str) -> Series:
+    """The metric's series, as assess judges this night (`now`) against it, from the rows it is judged on (the quiet
+    ones for a timed metric) and the history's runs (`runs_of`: pipeline run -> its rows, oldest first)."""
+    judged_runs = {r["pipeline_run"] for r in rows}
+    recent = [run for run in reversed(runs_of) if run in judged_runs][:PERSISTENCE - 1]
+    baseline: dict[int, list[float]] = {}
+    for r in base_runs:
+        if (v := _judgeable(metric, value, r)) is not None:
+            baseline.setdefault(r["seed"], []).append(v)
+    base_times = [t for r in base_runs if (t := r.get("pipeline_time"))]
     first, last = (min(base_times), max(base_times)) if base_times else ("", "")
+    # Persistence judges the recent runs with this one: they are under test, not the reference.
+    others = [run for run in runs_of if run in judged_runs and first and run not in recent]
+
+    def nights(runs: list[str]) -> tuple[dict[int, float | None], ...]:
+        return tuple(_per_seed(metric, value, runs_of[run]) for run in runs)
+
+    return Series(baseline, series_table(rows, metric, value), nights(recent), (now, *recent),
+                  since=nights([run for run in others if runs_of[run][0]["pipeline_time"] > last]),
+                  before=nights([run for run in others if runs_of[run][0]["pipeline_time"] < first]))
+
+
+def _check_framework(fw: str, cur_rows: list[dict], base: dict, history: list[dict]) -> list[dict]:
+    """Each metric of one framework's run judged against its series: `history`, the series' rows (this profile,
+    hardware and framework), and `base`, the framework's baseline. A timed metric is judged on the quiet runs only,
+    and not at all when this run was disturbed."""
+    extract = _extractors(base.get("reward_target"))
+    # Noise from the history of the series; the baseline's own runs fill in what the history does not hold.
+    known = {r["pipeline_run"] for r in history}
+    rows = history + [{**r, "pipeline_time": r.get("pipeline_time", "")} for r in base["runs"]
+                      if r["pipeline_run"] not in known]
+    now = cur_rows[0]["pipeline_run"]
+    disturbed = _disturbed(rows, cur_rows)
+    quiet = [r for r in rows if not disturbed[r["pipeline_run"]]]
+    extract[ADJUSTED], sensitivity = _machine_adjustment(quiet, base["runs"], extract)
     runs_of: dict[str, list[dict]] = {}
     for r in history:
         runs_of.setdefault(r["pipeline_run"], []).append(r)
     checks = []
     for m in METRICS:
-        rows = quiet if m.timed else series
-        judged_runs = {r["pipeline_run"] for r in rows}
-        # The latest runs of the series before this one, most recent first (quiet ones only for timed metrics).
-        recent = [run for run in reversed(runs_of) if run in judged_runs][:PERSISTENCE - 1]
-        baseline: dict[int, list[float]] = {}
-        for r in base["runs"]:
-            if (v := _judgeable(m, extract[m.name], r)) is not None:
-                baseline.setdefault(r["seed"], []).append(v)
+        series = _series(m, extract[m.name], quiet if m.timed else rows, base["runs"], runs_of, now)
         current = _per_seed(m, extract[m.name], cur_rows)
-        if not baseline and all(v is None for v in current.values()):
+        if not series.baseline and all(v is None for v in current.values()):
             continue  # a metric this backend does not measure (CPU time on accelerators)
-        # Persistence judges the recent runs with this one: they are under test, not the reference.
-        others = [run for run in runs_of if run in judged_runs and first and run not in recent]
-        since = [run for run in others if runs_of[run][0]["pipeline_time"] > last]
-        before = [run for run in others if runs_of[run][0]["pipeline_time"] < first]
-        result = assess(m, current, baseline, series_table(rows, m, extract[m.name]),
-                        [_per_seed(m, extract[m.name], runs_of[run]) for run in recent], [now, *recent],
-                        [_per_seed(m, extract[m.name], runs_of[run]) for run in since],
-                        [_per_seed(m, extract[m.name], runs_of[run]) for run in before])
+        result = assess(m, current, series)
         if m.name == ADJUSTED:
-            result["evidence"]["machine_sensitivity"] = {
-                "theta": theta, "correlation": None if math.isnan(corr) else corr, "points": points,
-                "probe_reference_s": probe_ref,
-                "fit": "Theil-Sen slope of log throughput on log probe time over the quiet history (runs x seeds)"}
-        if m.timed and now_contended:
-            result.update(status="contended", reason=f"{now_contended}; timings not judged: rerun on a quiet machine")
+            result["evidence"]["machine_sensitivity"] = sensitivity
+        if m.timed and disturbed[now]:
+            result.update(status="contended", reason=f"{disturbed[now]}; timings not judged: rerun on a quiet machine")
         checks.append({"framework": fw, **result})
     judged = {c["metric"] for c in checks if c["status"] in ("ok", "regression", "improved", "contended")}
     for c in checks:
-        if by_name[c["metric"]].defer_to in judged:
+        if _BY_NAME[c["metric"]].defer_to in judged:
             c["class"] = "context"
     return checks
 

@@ -1,6 +1,6 @@
-"""Regression statistics: the metrics the check judges, the noise of a series, the machine-speed adjustment,
-and the verdict on one metric (assess). The method is described in harness/regression/check.py and
-docs/regression.md."""
+"""Regression statistics: the metrics the check judges, the noise of a series, the machine-speed adjustment, and
+the method's constants. The verdict on one metric that uses them is harness/regression/verdict.py's (assess); the
+method is described in harness/regression/check.py and docs/regression.md."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -64,6 +64,16 @@ class Metric:
     def change(self, delta: float) -> float:
         """A difference in transformed units as the user reads it: % for ratios, absolute otherwise."""
         return 100 * math.expm1(delta) if self.log_scale else delta
+
+    @property
+    def worse_sign(self) -> float:
+        """What a change in transformed units is multiplied by to be positive when it is worse."""
+        return -1.0 if self.higher_is_better else 1.0
+
+    @property
+    def suffix(self) -> str:
+        """The unit a change is written with as the user reads it (Metric.change)."""
+        return "%" if self.log_scale else ""
 
 
 ADJUSTED = "throughput_tok_s_machine"
@@ -240,6 +250,8 @@ def reference_share(n_runs: int) -> float:
 
 
 def series_table(rows: list[dict], metric: Metric, values: Callable[[dict], float | None]) -> pd.DataFrame:
+    """The series' past runs x seeds of a metric's transformed values, oldest first (a seed's runs in one pipeline
+    run: their median); empty where no row has a value."""
     records = [{"pipeline_run": r["pipeline_run"], "pipeline_time": r["pipeline_time"], "seed": r["seed"],
                 "value": metric.transform(v)} for r in rows if (v := values(r)) is not None and
                (not metric.log_scale or v > 0)]
@@ -248,197 +260,3 @@ def series_table(rows: list[dict], metric: Metric, values: Callable[[dict], floa
     df = pd.DataFrame(records)
     order = df.groupby("pipeline_run")["pipeline_time"].first().sort_values().index
     return df.pivot_table(index="pipeline_run", columns="seed", values="value", aggfunc="median").loc[order]
-
-
-def seed_medians(metric: Metric, runs: dict[int, list[float]]) -> dict[int, float]:
-    """seed -> the median of its values over the runs, transformed (log for times and rates)."""
-    return {s: float(np.median([metric.transform(v) for v in vs])) for s, vs in runs.items() if vs}
-
-
-def at_baseline_level(metric: Metric, baseline: dict[int, list[float]], since: list[dict[int, float | None]],
-                      before: list[dict[int, float | None]], run_sigma: float) -> tuple[list[dict[int, float]], int]:
-    """The runs outside the baseline that are at its level, and how many of them come from `before`.
-
-    A run is at the level when its change against the baseline (median over seeds) lies within Z_SUPPORT noise
-    levels either way. The nights since the baseline are judged one by one: the baseline came first, and a night
-    that moved off it stays out. The runs before it may be the level a `baseline update` left behind, which a run's
-    own noise can hide (a step of twice that noise passes a run's test about half the time): they are judged as one
-    segment first, and join only if their median lies within Z_SEGMENT noise levels of the difference of that median
-    and the baseline's. The runs persistence is judging with this night are in neither list (the callers leave them
-    out): they are under test, not the reference."""
-    tr = metric.transform
-    base_ref = seed_medians(metric, baseline)
-    n_base = max((len(vs) for vs in baseline.values()), default=0)
-
-    def changes(runs: list[dict[int, float | None]]) -> list[tuple[dict[int, float], float]]:
-        out = []
-        for values in runs:
-            present = {s: v for s, v in values.items() if s in base_ref and v is not None}
-            if present:
-                out.append((present, float(np.median([tr(v) - base_ref[s] for s, v in present.items()]))))
-        return out
-
-    within = Z_SUPPORT * run_sigma * math.sqrt(1 + reference_share(n_base))  # a run's change against the baseline
-
-    def at_level(runs: list[tuple[dict[int, float], float]]) -> list[dict[int, float]]:
-        return [present for present, c in runs if abs(c) < within]
-
-    level = at_level(changes(since))
-    segment = changes(before[max(0, len(before) - REFERENCE_BEFORE):])
-    if segment and abs(float(np.median([c for _, c in segment]))) < Z_SEGMENT * run_sigma * math.sqrt(
-            reference_share(n_base) + reference_share(len(segment))):
-        joined = at_level(segment)
-        return level + joined, len(joined)
-    return level, 0
-
-
-def assess(metric: Metric, current: dict[int, float | None], baseline: dict[int, list[float]],
-           history: pd.DataFrame, previous: list[dict[int, float | None]] | None = None,
-           runs: list[str] | None = None, since: list[dict[int, float | None]] | None = None,
-           before: list[dict[int, float | None]] | None = None) -> dict:
-    """Judge one metric of one framework. Pure: the power benchmark calls it exactly as `check` does.
-
-    `current`: seed -> value; `previous`: the same for the last runs in the history, most recent first;
-    `baseline`: seed -> values over its runs; `since` and `before`: the history's runs after the baseline's last
-    one and before its first, oldest first, seed -> value, the `previous` ones left out: those at the baseline's
-    level join its runs as the reference (at_baseline_level);
-    `history`: past runs x seeds of transformed values (for the noise); `runs`: the names of this run and of the
-    `previous` ones, for saying since when a series is back to its baseline.
-    """
-    tr = metric.transform
-    n_history = len(history)
-    run_sigma, n_resid, largest = null_of(history)  # one run's own noise (widened) and widest deviation
-    n_base_runs = max((len(vs) for vs in baseline.values()), default=0)
-    # The reference is the baseline's runs and the history's others at its level: a median of more runs, whose
-    # error every night shares, is smaller (the noise below), and it restarts when `baseline update` accepts a new
-    # level.
-    level, n_before = (at_baseline_level(metric, baseline, since or [], before or [], run_sigma)
-                       if n_resid >= MIN_HISTORY else ([], 0))
-    ref_values = {s: [*vs, *(r[s] for r in level if s in r)] for s, vs in baseline.items() if vs}
-    base_ref = seed_medians(metric, ref_values)
-    n_ref_runs = n_base_runs + len(level)
-    # The mean of m nights' changes against the reference: their own noise shrinks by m, the reference's error,
-    # which all m share, does not. In units of one run's noise:
-    share = reference_share(n_ref_runs)
-
-    def spread(m: int) -> float:
-        return math.sqrt(1 / m + share)
-
-    sigma = run_sigma * spread(1)  # the noise of one night's change against the reference
-    sign = -1.0 if metric.higher_is_better else 1.0  # positive = worse
-    seeds = sorted(s for s in current if s in base_ref)
-    unit = "%" if metric.log_scale else ""
-    # The smallest lasting change the series catches in time: its mean over DETECT_BY nights lies DETECT_MARGIN of
-    # that mean's noise beyond the persistence threshold. The widened noise stands in for the true one, as in every
-    # threshold here.
-    detectable = (None if n_resid < MIN_HISTORY or math.isnan(run_sigma) else metric.change(sign * (
-        max(metric.min_effect, Z_PERSIST * run_sigma * spread(DETECT_BY), largest * spread(DETECT_BY))
-        + DETECT_MARGIN * run_sigma * spread(DETECT_BY))))
-    out: dict[str, Any] = {"metric": metric.name, "label": metric.label, "class": metric.kind,
-           "baseline": float(np.median([v for vs in ref_values.values() for v in vs])) if ref_values else None,
-           "current": None, "change": None, "unit": "%" if metric.log_scale else "absolute",
-           "evidence": {"test": ("median over seeds of the paired per-seed change vs the reference (the baseline's "
-                                 "runs, the nights since at its level and, when they are one level with it, the runs "
-                                 "before it); alert when worse "
-                                 f"by >= {metric.change(metric.min_effect):.3g}{unit} and more than any past run "
-                                 f"deviated, and by >= {Z_CRIT} x noise in this run, or >= {Z_PERSIST} x the mean's "
-                                 f"noise on average over this and up to {PERSISTENCE - 1} previous runs (this one "
-                                 f"worse by >= {Z_SUPPORT} x noise on its own, each earlier one by >= {Z_EARLIER} x "
-                                 "and not clearly worse than this one); the noise widened for the few runs that "
-                                 "estimate it (Student t)"),
-                        "noise": None if math.isnan(sigma) else metric.change(sigma),
-                        "run_noise": None if math.isnan(run_sigma) else metric.change(run_sigma),
-                        "noise_widening": noise_widening(n_resid),
-                        "detectable_change": detectable, "detect_by": DETECT_BY,
-                        "z": None, "z_runs": {},
-                        "largest_past_deviation": None if math.isnan(largest) else metric.change(largest * spread(1)),
-                        "n_history_runs": n_history, "n_baseline_runs": n_base_runs,
-                        "n_reference_runs": n_ref_runs, "n_reference_before": n_before, "seeds": seeds,
-                        "per_seed_change": {}}}
-    if not seeds:
-        out.update(status="no comparison", reason="no seed in common with the baseline")
-        return out
-    missing = [s for s in seeds if current[s] is None]
-    present = [s for s in seeds if current[s] is not None]
-    if present:
-        out["current"] = float(np.median([current[s] for s in present]))
-    if missing and metric.name == "time_to_reward_s":
-        out.update(status="regression" if len(missing) * 2 >= len(seeds) else "ok",
-                   reason=f"seeds {missing} never reached the reward target")
-        return out
-
-    def worse_of(values: dict[int, float | None]) -> tuple[float | None, dict[int, float]]:
-        per_seed = {s: sign * (tr(v) - base_ref[s]) for s in seeds if (v := values.get(s)) is not None}
-        return (float(np.median(list(per_seed.values()))) if per_seed else None), per_seed
-
-    worse, per_seed = worse_of(current)
-    if worse is None:  # e.g. a metric the baseline's runs recorded and this run's producer does not
-        out.update(status="no comparison", reason=f"this run has no {metric.name} value for seeds {seeds}")
-        return out
-    out["change"] = metric.change(sign * worse)
-    out["evidence"]["per_seed_change"] = {str(s): round(metric.change(sign * w), 4) for s, w in per_seed.items()}
-    if n_resid < MIN_HISTORY or math.isnan(sigma):
-        out.update(status="insufficient history",
-                   reason=f"{n_resid} past runs give the noise level; {MIN_HISTORY} are needed to judge a change")
-        return out
-    # A deterministic metric (a reward with fixed seeds) has no noise: the effect decides.
-    run_sigma = max(run_sigma, 1e-12)
-    sigma = run_sigma * spread(1)
-    z = worse / sigma
-    out["evidence"]["z"] = z
-    changes = [worse]  # this run's, then the previous runs' while they have a value
-    for values in (previous or [])[:PERSISTENCE - 1]:
-        earlier, _ = worse_of(values)
-        if earlier is None:
-            break
-        changes.append(earlier)
-    # The mean of m runs' changes is judged against the history before the m - 1 previous runs it includes (they
-    # are under test, not the null), with the noise spread(m) gives; the widest past deviation it must beat
-    # shrinks alike.
-    nulls = {1: (run_sigma, n_resid, largest)}
-    nulls.update({m: null_of(history.iloc[:n_history - (m - 1)]) for m in range(2, len(changes) + 1)})
-    z_runs = {m: float(np.mean(changes[:m])) / (max(nulls[m][0], 1e-12) * spread(m))
-              for m in range(2, len(changes) + 1) if nulls[m][1] >= MIN_HISTORY}
-    out["evidence"]["z_runs"] = {str(m): zz for m, zz in z_runs.items()}
-
-    def decided(ws: list[float]) -> bool:
-        mean, m = float(np.mean(ws)), len(ws)
-        s_m, n_m, largest_m = nulls[m]
-        z_needed = Z_CRIT if m == 1 else Z_PERSIST
-        return (n_m >= MIN_HISTORY and mean >= metric.min_effect
-                and mean / (max(s_m, 1e-12) * spread(m)) >= z_needed and mean > largest_m * spread(m))
-
-    def in_streak(k: int, w: float) -> bool:
-        """Night k back (0: this one) may be averaged with this one: worse on its own figure (this night by
-        Z_SUPPORT noise levels, an earlier one by Z_EARLIER), and an earlier night not clearly worse than this one
-        (by Z_SAME_LEVEL noise levels of the difference of two runs, in which the reference's error cancels): a
-        night clearly better than those before it has changed since."""
-        return w / sigma >= (Z_SUPPORT if k == 0 else Z_EARLIER) and w - worse < Z_SAME_LEVEL * run_sigma * math.sqrt(2)
-
-    # Persistence confirms a night only with the unbroken run of nights before it that pass in_streak: this night
-    # itself worse, so a fixed night is never carried by the regressed nights before it and an earlier night's
-    # verdict never carries into a fixed one; the earlier nights need less on their own (the mean is the evidence)
-    # but must be at this night's level.
-    streak = next((k for k, w in enumerate(changes) if not in_streak(k, w)), len(changes))
-    persisted = next((m for m in range(2, streak + 1) if decided(changes[:m])), None)
-    reference = float(np.median([np.exp(base_ref[s]) if metric.log_scale else base_ref[s] for s in present]))
-    small = abs(float(out["current"]) - reference) < metric.min_abs
-    if small and (decided([worse]) or persisted or decided([-worse])):
-        out.update(status="ok", reason=f"{out['current'] - reference:+.2g} against the baseline, under this metric's "
-                                       f"floor of {metric.min_abs:g}: too small to act on, whatever its z")
-    elif decided([worse]):
-        out["status"] = "regression"
-    elif persisted:
-        out.update(status="regression",
-                   reason=f"persisted over the last {persisted} runs (mean z {z_runs[persisted]:+.1f})")
-    elif decided([-worse]):
-        out["status"] = "improved"
-    else:
-        out["status"] = "ok"
-        back = next((k for k, w in enumerate(changes) if decided([w])), None)  # the last night worse on its own
-        if back and runs and back < len(runs):
-            out["reason"] = (f"back to the baseline since run {runs[back - 1]}: run {runs[back]} before it was "
-                             f"{metric.change(sign * changes[back]):+.1f}{unit} (z {changes[back] / sigma:+.1f})")
-    return out
-
-
