@@ -137,3 +137,23 @@ def test_no_stage_imports_a_later_one():
                 if here in STAGES and there in STAGES and STAGES.index(there) > STAGES.index(here):
                     found.append(f"harness/{'/'.join(parts)}.py:{node.lineno}: {here} imports {name} ({there})")
     assert not found, "imports up the stages:\n" + "\n".join(found)
+
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 450, 80  # issue #34: a module a reader holds in mind, a function one screen
+
+
+def test_no_module_or_function_of_the_harness_grows_past_its_size():
+    """Every module of harness/ within MAX_MODULE_LINES lines and every function (a method, a nested one) within
+    MAX_FUNCTION_LINES, docstring and comments included: a longer one is split by what its parts do."""
+    found = []
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        if "build" in path.relative_to(REPO).parts:  # what pip leaves beside a local project it built, not ours
+            continue
+        text = path.read_text()
+        where = path.relative_to(REPO)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found.append(f"{where}: {len(text.splitlines())} lines")
+        found += [f"{where}:{node.lineno}: {node.name} is {node.end_lineno - node.lineno + 1} lines"
+                  for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not found, "over the size limits:\n" + "\n".join(found)
