@@ -23,17 +23,22 @@ from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.frameworks import dschat, get_adapter
+from harness.frameworks import get_adapter
+from harness.frameworks.dschat import REMAX_FOLDERS
+from harness.frameworks.dschat import conformance as ds_conformance
+from harness.frameworks.dschat import ingest as ds_ingest
+from harness.frameworks.dschat import plan as ds_plan
 from harness.inputs import resolve_reward
 from harness.inputs.policy import train_tokenizer
 from harness.inputs.task import generate, to_jsonl
 from harness.io import write_json, write_text
+from harness.runtime.envs import ensure_env
 
 FIXTURES = REPO / "tests" / "fixtures" / "dschat"
-CHECKOUT = os.environ.get(dschat.CHECKOUT_ENV)
+CHECKOUT = os.environ.get(ds_plan.CHECKOUT_ENV)
 needs_checkout = pytest.mark.skipif(
-    not (CHECKOUT and (Path(CHECKOUT) / dschat.MAIN).is_file()),
-    reason=f"no liziniu/ReMax checkout at {dschat.REMAX_COMMIT[:7]} ({dschat.CHECKOUT_ENV} unset; CI has no GitHub "
+    not (CHECKOUT and (Path(CHECKOUT) / ds_plan.MAIN).is_file()),
+    reason=f"no liziniu/ReMax checkout at {ds_plan.REMAX_COMMIT[:7]} ({ds_plan.CHECKOUT_ENV} unset; CI has no GitHub "
            "access): ReMax's own code cannot be imported, so nothing stands in for it")
 
 
@@ -82,7 +87,7 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     assert flag(argv, "--greedy-eval") == "off"  # a 7B policy's eval split decoded by Transformers: hours
     assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat/launcher.py")
     assert flag(argv, "--main") == "$RUN_DIR/ReMax/step3_rlhf_finetuning/main.py"
-    args = dschat.main_args(argv)
+    args = ds_plan.main_args(argv)
     assert args[:2] == ["--algo", "remax"] and flag(args, "--data_path") == "local/jsonfile"
     assert flag(args, "--per_device_generation_batch_size") == "2"  # 16 prompts over 8 GPUs
     assert flag(args, "--max_prompt_seq_len") == "64" and flag(args, "--max_answer_seq_len") == "8"
@@ -132,7 +137,7 @@ def test_a_cpu_plan_runs_the_cpu_environment_and_states_every_deviation(tmp_path
     assert p["env"] == "dschat-cpu" and p["device"] == "cpu" and p["n_gpus"] == 0
     assert p["framework_version"] == "ReMax@536ba49+deepspeed-0.19.8"
     assert p["argv"][0].endswith(".venvs/dschat-cpu/bin/deepspeed") and flag(p["argv"], "--num_gpus") == "1"
-    args = dschat.main_args(p["argv"])
+    args = ds_plan.main_args(p["argv"])
     assert flag(args, "--per_device_generation_batch_size") == "16" and "--actor_bf16" in args
     assert p["env_vars"]["DS_ACCELERATOR"] == "cpu" and flag(p["argv"], "--greedy-eval") == "on"
     assert 'DS_ACCELERATOR=cpu' in (tmp_path / "plan" / "launch.sh").read_text()
@@ -160,13 +165,13 @@ def model_inputs(tmp_path_factory):
 def test_plan_with_a_reward_model_serves_it_to_the_launcher(tmp_path, model_inputs, reward_url, served_at):
     config = json.loads(json.dumps(model_inputs["config"]))
     config["dschat"]["reward_url"] = reward_url
-    dschat.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+    ds_plan.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
     p = json.loads((tmp_path / "plan" / "plan.json").read_text())
     shared = resolve_reward(model_inputs["inputs"])
     assert p["reward"] == {"kind": "model", "checkpoint": shared["path"], "sha256": shared["sha256"],
                            "scored_by": "served"}
     assert flag(p["argv"], "--reward-url") == "$REWARD_URL" and "$REWARD_URL" in p["argv_note"]
-    assert "--reward-url" not in dschat.main_args(p["argv"])  # the launcher's option, not main.py's
+    assert "--reward-url" not in ds_plan.main_args(p["argv"])  # the launcher's option, not main.py's
     script = (tmp_path / "plan" / "launch.sh").read_text()
     assert subprocess.run(["bash", "-n", tmp_path / "plan" / "launch.sh"]).returncode == 0
     assert f"serve-reward {served_at} --inputs {model_inputs['inputs']} --device cpu --batch-size 8" in script
@@ -178,7 +183,7 @@ def test_plan_refuses_a_reward_url_without_a_port_for_a_reward_model(tmp_path, m
     config = json.loads(json.dumps(model_inputs["config"]))
     config["dschat"]["reward_url"] = "http://localhost"
     with pytest.raises(HarnessError, match=r"at dschat\.reward_url: 'http://localhost' names no host and port"):
-        dschat.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
+        ds_plan.plan(config, 1, tmp_path / "plan", model_inputs["inputs"])
     assert not (tmp_path / "plan").exists()
 
 
@@ -213,12 +218,12 @@ def test_an_edited_checkout_at_the_pinned_commit_is_refused(tmp_path, inputs):
     find why DeepSpeed-Chat stops learning) leaves HEAD at the pinned commit."""
     copy = tmp_path / "ReMax"
     subprocess.run(["git", "clone", "-q", CHECKOUT, copy], check=True)
-    subprocess.run(["git", "-C", copy, "checkout", "-q", dschat.REMAX_COMMIT], check=True)
-    dschat.require_checkout(copy)
+    subprocess.run(["git", "-C", copy, "checkout", "-q", ds_plan.REMAX_COMMIT], check=True)
+    ds_plan.require_checkout(copy)
     trainer = copy / "step3_rlhf_finetuning" / "remax_trainer.py"
     trainer.write_text(trainer.read_text().replace("if valid_ans_len[i] <= 1:", "if False:"))
     with pytest.raises(HarnessError, match=r"has local changes \(M step3_rlhf_finetuning/remax_trainer.py\)"):
-        dschat.require_checkout(copy)
+        ds_plan.require_checkout(copy)
     config = small_a100x8()
     config["dschat"] = {"checkout": str(copy)}
     assert plan_with(tmp_path, inputs, config).returncode == 0
@@ -241,7 +246,7 @@ def test_plan_refuses_settings_the_code_breaks_on(tmp_path, inputs, change, mess
     for block, values in change.items():
         config.setdefault(block, {}).update(values)
     with pytest.raises(HarnessError, match=message):
-        dschat.plan(validate_config(config), 1, tmp_path / "plan", inputs)
+        ds_plan.plan(validate_config(config), 1, tmp_path / "plan", inputs)
     assert not (tmp_path / "plan").exists()
 
 
@@ -254,7 +259,7 @@ def test_the_training_split_is_repeated_until_one_epoch_holds_the_steps(tmp_path
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     train = (tmp_path / "plan" / "data" / "train.json").read_text().splitlines()
     assert len(train) == passes * 2000 and train[:2000] == train[2000:4000]
-    assert plan["batches_per_epoch"] >= max(plan["hyperparameters"][0]["effective"], dschat.MIN_BATCHES)
+    assert plan["batches_per_epoch"] >= max(plan["hyperparameters"][0]["effective"], ds_plan.MIN_BATCHES)
     assert f"exported {passes} time(s)" in plan["hyperparameters"][0]["framework_key"]
 
 
@@ -266,10 +271,10 @@ def test_plan_refusal_exits_2_from_the_cli(tmp_path, inputs):
 
 def test_split_sizes_follow_data_utils():
     # get_raw_dataset_split_index: cumulative int(round(share * size)), the rounding excess taken off the ends
-    assert dschat.split_sizes("2,4,4", 2000) == [400, 800, 800]
+    assert ds_plan.split_sizes("2,4,4", 2000) == [400, 800, 800]
     # 101: ends 0, 20, 60, 100 -> one short, so every end after the first moves up by one
-    assert dschat.split_sizes("2,4,4", 101) == [21, 40, 40]
-    assert dschat.split_sizes("1,1,1", 10) == [4, 3, 3]
+    assert ds_plan.split_sizes("2,4,4", 101) == [21, 40, 40]
+    assert ds_plan.split_sizes("1,1,1", 10) == [4, 3, 3]
 
 
 # ---- ingest --------------------------------------------------------------------------------------------------
@@ -286,7 +291,7 @@ def run_dir(tmp_path, files: dict[str, str], n_gpus=1):
 
 def test_ingest_launcher_lines_with_deepspeed_chats_figure_beside_them(tmp_path):
     d = run_dir(tmp_path, {"console.log": (FIXTURES / "perf_step3_console.txt").read_text(),
-                           dschat.STEPS_LOG: (FIXTURES / "launcher_steps.jsonl").read_text()})
+                           ds_plan.STEPS_LOG: (FIXTURES / "launcher_steps.jsonl").read_text()})
     out = tmp_path / "m.parquet"
     proc = run_cli("ingest", "dschat", d, "--out", out)
     assert proc.returncode == 0, proc.stderr
@@ -329,7 +334,7 @@ def test_garbled_printed_lines_name_file_and_line(tmp_path, edit, message):
     assert edit[0] in text
     d = run_dir(tmp_path, {"console.log": text.replace(edit[0], edit[1], 1)})
     with pytest.raises(HarnessError, match=message):
-        dschat.ingest([d / "console.log"])
+        ds_ingest.ingest([d / "console.log"])
 
 
 def test_garbled_log_exits_2_from_the_cli(tmp_path):
@@ -344,17 +349,17 @@ def test_out_of_order_and_json_errors(tmp_path):
     lines = (FIXTURES / "perf_step3_console.txt").read_text().splitlines()
     swapped = lines[:2] + [lines[3], lines[2]] + lines[4:]  # Training before Generation
     with pytest.raises(HarnessError, match=r"console.log:3: 'Training   =>' line out of order"):
-        dschat.ingest([run_dir(tmp_path, {"console.log": "\n".join(swapped) + "\n"}) / "console.log"])
+        ds_ingest.ingest([run_dir(tmp_path, {"console.log": "\n".join(swapped) + "\n"}) / "console.log"])
     bad = tmp_path / "b"
     bad.mkdir()
     shutil.copy(tmp_path / "run" / "plan.json", bad / "plan.json")
-    write_text(bad / dschat.STEPS_LOG, '{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
+    write_text(bad / ds_plan.STEPS_LOG, '{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
     with pytest.raises(HarnessError, match=r"dschat_steps.log:1: step record lacks tokens_prompt"):
-        dschat.ingest([bad / dschat.STEPS_LOG])
+        ds_ingest.ingest([bad / ds_plan.STEPS_LOG])
     alone = tmp_path / "alone.log"
     write_text(alone, (FIXTURES / "perf_step3_console.txt").read_text())
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        dschat.ingest([alone])
+        ds_ingest.ingest([alone])
 
 
 # ---- the launcher against real DeepSpeed on the CPU ----------------------------------------------------------
@@ -362,7 +367,7 @@ def test_out_of_order_and_json_errors(tmp_path):
 @pytest.fixture(scope="session")
 def ds_python():
     try:
-        return dschat.ensure_env(dschat.CPU_ENV)
+        return ensure_env(ds_plan.CPU_ENV)
     except HarnessError as e:
         pytest.fail(f"building the dschat CPU test environment failed: {e}")
 
@@ -394,6 +399,7 @@ import json, os, sys, types
 sys.path.insert(0, sys.argv[1])
 import torch, deepspeed
 import launcher as L
+import reward_client
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 steps_log, task, mode, reward_url, checkout, generation_length = sys.argv[2:8]
@@ -414,7 +420,7 @@ def ds_config(hybrid):
 model = Qwen2ForCausalLM(cfg)
 actor, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
                                  config=ds_config(True))
-reward = L.SharedReward(tok, task + "/dataset.jsonl", rec, reward_url or None)
+reward = reward_client.SharedReward(tok, task + "/dataset.jsonl", rec, reward_url or None)
 rows = [json.loads(l) for l in open(task + "/dataset.jsonl")][:12]
 def batch(rows):
     ids = [tok(r["prompt"])["input_ids"] for r in rows]
@@ -522,8 +528,8 @@ def test_hybrid_engine_wrapping_times_real_deepspeed_on_cpu(engine_run, tmp_path
         assert parts == pytest.approx(line["time_step_s"], rel=1e-6)
         assert line["n_gpus"] == 0 and line["world_size"] == 1 and line["kl_mean"] is None
     # ...and they ingest into the common schema.
-    d = run_dir(tmp_path, {dschat.STEPS_LOG: (engine_dir / "steps.log").read_text()}, n_gpus=0)
-    df = dschat.ingest([d / dschat.STEPS_LOG])
+    d = run_dir(tmp_path, {ds_plan.STEPS_LOG: (engine_dir / "steps.log").read_text()}, n_gpus=0)
+    df = ds_ingest.ingest([d / ds_plan.STEPS_LOG])
     assert list(df["step"]) == [1, 2] and (df["throughput_tok_s"] > 0).all() and df["time_transition_s"].gt(0).all()
 
 
@@ -563,8 +569,9 @@ deepspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), confi
 
 def test_reward_model_served_to_deepspeed_chats_reward_calls(ds_python, engine_run, tmp_path, task_files,
                                                              model_inputs):
-    """The launcher's SharedReward, in the dschat environment under real DeepSpeed, scores the engine's sampled and
-    greedy responses through a server on the shared reward model: the model's own scores of those texts."""
+    """The launcher's SharedReward (reward_client.py), in the dschat environment under real DeepSpeed, scores the
+    engine's sampled and greedy responses through a server on the shared reward model: the model's own scores of
+    those texts."""
     from transformers import AutoTokenizer
 
     with reward_server(model_inputs["inputs"]) as url:
@@ -653,17 +660,17 @@ def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(d
     (run / "ReMax").symlink_to(CHECKOUT)
     (run / "data").symlink_to(plan / "data")
     (run / "data_files").mkdir()
-    actor = flag(dschat.main_args(p["argv"]), "--actor_model_name_or_path")
+    actor = flag(ds_plan.main_args(p["argv"]), "--actor_model_name_or_path")
     proc = subprocess.run([ds_python, "-c", INSTALL, REPO / "harness" / "frameworks" / "dschat",
-                           run / "ReMax" / dschat.MAIN, run, "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
+                           run / "ReMax" / ds_plan.MAIN, run, "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
                           capture_output=True, text=True, env=ds_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("REPORT ")))
     assert out["reward"] == "SharedReward"
     assert out["data_utils"].startswith(str(run / "ReMax"))  # through the link: data/ is found beside it
     # DeepSpeed-Chat's own split of the exported rows is the one plan checks against
-    assert out["phase3"] == [dschat.split_sizes("2,4,4", 2000)[2], dschat.split_sizes("2,4,4", 100)[2]]
-    assert out["phase1"][1] == dschat.split_sizes("2,4,4", 100)[0]
+    assert out["phase3"] == [ds_plan.split_sizes("2,4,4", 2000)[2], ds_plan.split_sizes("2,4,4", 100)[2]]
+    assert out["phase1"][1] == ds_plan.split_sizes("2,4,4", 100)[0]
     # prompts reach the policy as the shared prompt's own tokens (no " " put before them)
     from transformers import AutoTokenizer
 
@@ -685,10 +692,10 @@ def test_the_official_remax_code_trains_on_the_cpu_through_plan_launch_and_inges
     proc = run_cli("launch", tmp_path / "plan", "--config", tmp_path / "config.yaml", "--out", run,
                    "--timeout-min", 10)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(x) for x in (run / dschat.STEPS_LOG).read_text().splitlines()]
+    lines = [json.loads(x) for x in (run / ds_plan.STEPS_LOG).read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3] and all(x["n_gpus"] == 0 for x in lines)
     assert all(x["n_samples"] == 16 and x["time_train_s"] > 0 and x["time_gen_greedy_s"] > 0 for x in lines)
-    df = dschat.ingest([run / dschat.STEPS_LOG, run / "console.log"])
+    df = ds_ingest.ingest([run / ds_plan.STEPS_LOG, run / "console.log"])
     assert list(df["step"]) == [1, 2, 3] and (df["throughput_tok_s"] > 0).all()
     assert df["framework_throughput_tok_s"].notna().all()  # perf.py's printed lines, parsed from the console
     manifest = json.loads((run / "manifest.json").read_text())
@@ -718,12 +725,12 @@ print(json.dumps({k: (v.value if hasattr(v, "value") else v) for k, v in vars(ar
 def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
     assert plan_with(tmp_path, inputs, small_a100x8()).returncode == 0
     argv = json.loads((tmp_path / "plan" / "plan.json").read_text())["argv"]
-    main = Path(CHECKOUT) / dschat.MAIN
+    main = Path(CHECKOUT) / ds_plan.MAIN
 
     def parse(args):
         return subprocess.run([ds_python, "-c", PARSER, main], input=json.dumps(args + ["--local_rank=0"]),
                               capture_output=True, text=True, env=ds_env())
-    proc = parse(dschat.main_args(argv))
+    proc = parse(ds_plan.main_args(argv))
     assert proc.returncode == 0, proc.stderr[-3000:]
     args = json.loads(proc.stdout.strip().splitlines()[-1])
     assert args["algo"] == "remax" and args["data_path"] == ["local/jsonfile"]
@@ -731,7 +738,7 @@ def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
     assert args["kl_ctl"] == 0.001 and args["gamma"] == 1.0 and args["seed"] == 1
     assert args["enable_hybrid_engine"] and args["enable_test_mode"] and args["test_stop_step"] == 15
     assert args["lr_scheduler_type"] == "constant" and args["deepspeed"]
-    bad = parse(dschat.main_args(argv) + ["--not_a_flag_of_main_py", "1"])
+    bad = parse(ds_plan.main_args(argv) + ["--not_a_flag_of_main_py", "1"])
     assert bad.returncode != 0 and "unrecognized arguments: --not_a_flag_of_main_py" in bad.stderr
 
 
@@ -796,8 +803,8 @@ def test_the_conformance_command_gives_deepspeed_chat_the_config(tmp_path):
 
 
 def test_conformance_without_checkout_says_not_run(monkeypatch, tmp_path):
-    monkeypatch.setenv(dschat.CHECKOUT_ENV, str(tmp_path / "absent"))
-    table = dschat.conformance()
+    monkeypatch.setenv(ds_plan.CHECKOUT_ENV, str(tmp_path / "absent"))
+    table = ds_conformance.conformance()
     assert set(table["verdict"]) == {"not run"} and table["max_abs_diff"].isna().all()
     assert table["note"].str.contains("no ReMax checkout").all()
     assert {"outcome", "outcome_kl_in_reward", "dense"} <= set(table["case"])
@@ -820,8 +827,8 @@ def test_setup_rule_checks_out_the_pinned_commit_shallow_and_sparse(tmp_path):
     checkout = tmp_path / "results" / "src" / "ReMax"
     git = ["git", "-C", checkout]
     assert subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() \
-        == dschat.REMAX_COMMIT
+        == ds_plan.REMAX_COMMIT
     assert subprocess.run(git + ["rev-parse", "--is-shallow-repository"], capture_output=True,
                           text=True).stdout.strip() == "true"
     folders = {p.name for p in checkout.iterdir() if p.is_dir() and p.name != ".git"}
-    assert folders == set(dschat.REMAX_FOLDERS) and (checkout / dschat.MAIN).is_file()
+    assert folders == set(REMAX_FOLDERS) and (checkout / ds_plan.MAIN).is_file()

@@ -25,7 +25,7 @@ from harness import HarnessError
 from harness.config import schema as config_schema
 from harness.config import validate_config
 from harness.frameworks import get_adapter
-from harness.frameworks.dschat import REMAX_COMMIT
+from harness.frameworks.dschat.plan import REMAX_COMMIT
 from harness.inputs import build_dataset, build_policy, build_reward
 from harness.runtime import envs
 

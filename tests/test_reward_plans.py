@@ -10,13 +10,15 @@ import torch
 from reward_inputs import model_reward_inputs
 
 from harness import HarnessError
-from harness.frameworks import dschat, openrlhf, verl
+from harness.frameworks.dschat import plan as dschat_plan
+from harness.frameworks.openrlhf import plan as openrlhf_plan
+from harness.frameworks.verl import plan as verl_plan
 from harness.inputs import build_reward, resolve_reward
 from harness.report.page import environment, reward_view
 from harness.report.runs import Run
 from harness.report.tables import reward_table
 
-ADAPTERS = {"verl": verl, "openrlhf": openrlhf, "dschat": dschat}
+ADAPTERS = {"verl": verl_plan, "openrlhf": openrlhf_plan, "dschat": dschat_plan}
 
 
 @pytest.fixture(scope="module")

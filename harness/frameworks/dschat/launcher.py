@@ -7,9 +7,12 @@ Started by the `deepspeed` launcher in the dschat environment, once per rank, as
 
 (every argument that is not the launcher's, and the `--local_rank=R` that the `deepspeed` launcher inserts, goes to
 main.py; main.py's flags are spelt with underscores, the launcher's with hyphens, and none is abbreviated). It is a
-script, not a
-module of the harness package: the dschat environment holds DeepSpeed 0.10.3 and transformers 4.31, not the
-harness's dependencies, so it imports only `harness.reward` (no dependencies) from the harness.
+script, not a module of the harness package: the dschat environment holds DeepSpeed 0.10.3 and transformers 4.31, not
+the harness's dependencies, so the launcher imports only `harness.reward` (no dependencies) from the harness, through
+its reward client (reward_client.py, beside it). That one is imported by its file name, from this folder: the
+script's own, on sys.path where the launcher runs. The harness imports this file too, for its options and constants,
+without this folder on sys.path, so reward_client is imported inside the functions that only run in the dschat
+environment.
 
 Before main.py runs (with `runpy`, as `__main__`), it
 
@@ -22,14 +25,15 @@ Before main.py runs (with `runpy`, as `__main__`), it
   arguments are hard-coded), so Transformers masks EOS until every response has --max_answer_seq_len tokens;
 * wraps `DeepSpeedReMaxTrainer.generate_experience` to know where a training iteration starts (evaluation
   rollouts, `training_mode=False`, are not steps) and what its rollout scored;
-* replaces DeepSpeed-Chat's reward model (`DeepSpeedRLHFEngine._init_reward`) with the shared reward,
-  `harness.reward.score` (or the shared reward server at `--reward-url`, which is how a shared reward model scores:
-  launch.sh starts the server on the checkpoint), so DeepSpeed-Chat is scored by the same code as every other
-  framework; DeepSpeed-Chat loads no reward model;
+* replaces DeepSpeed-Chat's reward model (`DeepSpeedRLHFEngine._init_reward`) with the shared reward
+  (reward_client.SharedReward), `harness.reward.score` (or the shared reward server at `--reward-url`, which is how
+  a shared reward model scores: launch.sh starts the server on the checkpoint), so DeepSpeed-Chat is scored by the
+  same code as every other framework; DeepSpeed-Chat loads no reward model;
 * drops the " " that DeepSpeed-Chat's `local/jsonfile` reader puts before every prompt, so the policy sees the
   shared prompt's own tokens.
 
-Rank 0 writes one JSON line per optimizer step to `--steps-log` (counts summed and times maximised over ranks).
+Rank 0 writes one JSON line per optimizer step to `--steps-log` (counts summed and times maximised over ranks) and,
+with `--greedy-eval on`, evaluates the initial and the saved actor after main.py (reward_client.greedy_evaluation).
 """
 
 from __future__ import annotations
@@ -51,10 +55,8 @@ if TYPE_CHECKING:  # the dschat environment's packages, for annotations only: no
     from rlhf_engine import DeepSpeedRLHFEngine
     from transformers import PreTrainedTokenizerBase
 
-# The harness checkout this file lives in: `harness.reward` is imported from it, whatever PYTHONPATH says.
+# The harness checkout this file lives in: reward_client imports `harness.reward` from it, whatever PYTHONPATH says.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-
-from harness import reward as shared_reward
 
 _SUMMED = ("tokens_prompt", "tokens_response", "tokens_baseline", "n_samples", "reward_sum", "n_rewards",
            "baseline_sum", "n_baselines", "kl_sum", "n_kl")
@@ -69,25 +71,12 @@ def _synchronized_now() -> float:
     return time.perf_counter()
 
 
-def normalize_prompt(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _stop_ids(module: torch.nn.Module, pad_token_id: int | None) -> set[int]:
     eos = getattr(getattr(module, "generation_config", None), "eos_token_id", None)
     ids = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     if pad_token_id is not None:
         ids.add(int(pad_token_id))
     return ids
-
-
-def response_lengths(response: torch.Tensor, stop_ids: set[int]) -> list[int]:
-    """Tokens of each response up to and including the first EOS/pad (as DeepSpeed-Chat's action mask counts them)."""
-    out = []
-    for row in response.tolist():
-        n = next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))
-        out.append(n)
-    return out
 
 
 class StepRecorder:
@@ -187,6 +176,8 @@ def wrap_hybrid_engine(recorder: StepRecorder, engine_cls: type[DeepSpeedHybridE
                        fixed_length: bool = False) -> None:
     """Time DeepSpeedHybridEngine's eval/train/generate/step on the class (call before deepspeed.initialize);
     with fixed_length, every generate() call is held to its max_length (Transformers' min_length)."""
+    from reward_client import response_lengths
+
     if engine_cls is None:
         from deepspeed.runtime.hybrid_engine import DeepSpeedHybridEngine
 
@@ -278,62 +269,6 @@ def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, attention_ma
     return (diff * attention_mask[:, prompt_length:].to(diff.dtype)).sum(-1)
 
 
-class SharedReward:
-    """Stands in for DeepSpeed-Chat's reward engine: `forward_value(...)["chosen_end_scores"]` is the shared reward."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, dataset_path: str | os.PathLike, recorder: StepRecorder,
-                 reward_url: str | None) -> None:
-        self.tokenizer = tokenizer
-        self.recorder = recorder
-        self.reward_url = reward_url
-        self.answers: dict[str, tuple[str, str]] = {}
-        with open(dataset_path) as f:
-            for line in f:
-                row = json.loads(line)
-                self.answers[normalize_prompt(row["prompt"])] = (row["prompt"], row["answer"])
-
-    def eval(self) -> SharedReward:
-        return self
-
-    def train(self, mode: bool = True) -> SharedReward:
-        return self
-
-    def forward_value(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, prompt_length: int = 0,
-                      **_: Any) -> dict[str, torch.Tensor]:
-        import torch
-
-        pad = self.tokenizer.pad_token_id
-        stops = {pad, self.tokenizer.eos_token_id} - {None}
-        prompts, responses, answers = [], [], []
-        for row in input_ids.tolist():
-            prompt_ids = row[:prompt_length]
-            while prompt_ids and prompt_ids[0] == pad:  # DeepSpeed-Chat left-pads prompts with the pad token
-                prompt_ids = prompt_ids[1:]
-            text = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
-            try:
-                prompt, answer = self.answers[normalize_prompt(text)]
-            except KeyError:
-                raise RuntimeError(f"shared reward: prompt {text!r} is not in the shared dataset; "
-                                   "cannot score its response") from None
-            response_ids = row[prompt_length:]
-            n = response_lengths(torch.tensor([response_ids]), stops)[0]
-            prompts.append(prompt)
-            answers.append(answer)
-            responses.append(self.tokenizer.decode(response_ids[:n], skip_special_tokens=True))
-        scores = self._score(prompts, responses, answers)
-        # In a training iteration generate_experience scores the samples first, then the greedy responses.
-        w = self.recorder.window
-        if w is not None:
-            key = ("reward_sum", "n_rewards") if w["reward_calls"] == 0 else ("baseline_sum", "n_baselines")
-            self.recorder.add(key[0], sum(scores))
-            self.recorder.add(key[1], len(scores))
-            w["reward_calls"] += 1
-        return {"chosen_end_scores": torch.tensor(scores, dtype=torch.float32, device=input_ids.device)}
-
-    def _score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-        return shared_reward.score_batch(prompts, responses, answers, self.reward_url)
-
-
 def install_cpu_layer() -> None:
     """Run the CUDA-only parts of DeepSpeed-Chat's step 3 on DeepSpeed's cpu accelerator (DS_ACCELERATOR=cpu).
 
@@ -388,6 +323,7 @@ def install(recorder: StepRecorder, dataset: str, reward_url: str | None, fixed_
         install_cpu_layer()
     import remax_trainer
     import rlhf_engine
+    from reward_client import SharedReward
     from utils.data import raw_datasets
 
     wrap_hybrid_engine(recorder, fixed_length=fixed_length)
@@ -435,54 +371,6 @@ def prepare(main_path: str) -> str:
 
 
 EVAL_LOG = "dschat_eval.json"  # beside the steps log: greedy accuracy on the eval split before and after training
-
-
-def greedy_evaluation(main_args: list[str], dataset: str, reward_url: str | None, fixed_length: bool, out: Path,
-                      batch_size: int = 64) -> None:
-    """The reference backend's evaluation on DeepSpeed-Chat's policy, which has no greedy accuracy of its own: greedy
-    responses (max_answer_seq_len tokens at most) to the shared dataset's eval prompts from the initial actor and from
-    the one main.py saved (output_dir/actor), scored by the task's exact match and by the shared reward. Outside
-    every timed step: main.py has returned."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    def flag(name: str) -> str:
-        return main_args[main_args.index(name) + 1]
-
-    with open(dataset) as f:
-        rows = [r for r in map(json.loads, f) if r["split"] == "eval"]
-    max_new = int(flag("--max_answer_seq_len"))
-    tokenizer = AutoTokenizer.from_pretrained(flag("--actor_model_name_or_path"))
-    tokenizer.padding_side = "left"
-    scorer = SharedReward(tokenizer, dataset, StepRecorder(None), reward_url)
-
-    def point(path: str) -> dict:
-        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-        hits, total, kept = 0, 0.0, []
-        stops = {tokenizer.pad_token_id, tokenizer.eos_token_id} - {None}
-        for i in range(0, len(rows), batch_size):
-            batch = rows[i:i + batch_size]
-            enc = tokenizer([r["prompt"] for r in batch], return_tensors="pt", padding=True)
-            with torch.no_grad():
-                out_ids = model.generate(**enc, do_sample=False, max_new_tokens=max_new,
-                                         min_new_tokens=max_new if fixed_length else None,
-                                         pad_token_id=tokenizer.pad_token_id)
-            responses = out_ids[:, enc["input_ids"].shape[1]:]
-            texts: list[str] = [tokenizer.decode(r[:n], skip_special_tokens=True)
-                                for r, n in zip(responses.tolist(), response_lengths(responses, stops))]
-            hits += sum(shared_reward.correct(t, r["answer"]) for t, r in zip(texts, batch))
-            total += sum(scorer._score([r["prompt"] for r in batch], texts, [r["answer"] for r in batch]))
-            kept += [{"prompt": r["prompt"], "response": t} for r, t in zip(batch, texts)]
-        return {"greedy_accuracy": hits / len(rows), "reward_mean": total / len(rows), "n": len(rows),
-                "responses": kept}
-
-    record = {"before": point(flag("--actor_model_name_or_path")),
-              "after": point(os.path.join(flag("--output_dir"), "actor"))}
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.rename(out)
-
-
 DETERMINISTIC_ENV = "REMAX_BENCH_DETERMINISTIC_ALGORITHMS"  # reproducibility.determinism strict (the plan sets it)
 
 
@@ -500,6 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [main_path] + main_args
     runpy.run_path(main_path, run_name="__main__")
     if args.greedy_eval == "on" and _rank() == 0:
+        from reward_client import greedy_evaluation
+
         greedy_evaluation(main_args, args.dataset, args.reward_url, fixed_length,
                           Path(args.steps_log).with_name(EVAL_LOG))
 

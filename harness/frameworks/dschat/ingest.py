@@ -1,0 +1,173 @@
+"""The DeepSpeed-Chat ingest: the launcher's JSON lines (measured), and DeepSpeed-Chat's own printed lines (perf.py
+`print_throughput_step3`, main.py's `Average reward score:` line) as a cross-check, or as estimated rows where nothing
+else exists; and the eval greedy accuracy that the launcher measures before and after training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.frameworks.dschat.launcher import EVAL_LOG
+from harness.frameworks.dschat.plan import NAME
+from harness.frameworks.registry import PLAN_IDENTITY, run_plan
+from harness.results import metrics
+
+ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batch size x configured lengths
+
+_F = r"-?(?:\d+\.\d+|inf|nan)"  # an f-string float with :.2f
+_X = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|inf|nan)"  # a float printed with its repr
+# step3_rlhf_finetuning/perf.py print_throughput_step3 and main.py's reward line, at liziniu/ReMax 536ba49.
+PRINTED = {
+    "e2e": ("End-to-End =>", re.compile(
+        rf"End-to-End => Latency: (?P<e2e>{_F})s, TFLOPs: {_F}, Samples/sec: (?P<samples_per_s>{_F}), "
+        rf"Time/seq {_F}s, Batch Size: (?P<batch>\d+), Total Seq\. Length: (?P<seq_len>\d+)")),
+    "gen": ("Generation =>", re.compile(
+        rf"Generation => Latency: (?P<gen>{_F})s, Per-token Latency {_F} ms, TFLOPs: {_F}, BW: {_F} GB/sec, "
+        rf"Answer Seq\. Length: (?P<answer_len>\d+)")),
+    "train": ("Training   =>", re.compile(rf"Training   => Latency: (?P<train>{_F})s, TFLOPs: {_F}")),
+    "reward": ("Average reward score:", re.compile(
+        rf"Average reward score: (?P<reward>{_X}) Average return: {_X} Average length: (?P<length>-?\d+) "
+        rf"Average kl: {_X} Average entropy: {_X} Max kl: {_X} Max return: {_X} KL ratio: {_X}")),
+}
+_ORDER = ("e2e", "gen", "train", "reward")
+_PREFIX = re.compile(r"^(?:[\w.\-]+: )?")  # a multi-node launcher's "host: " prefix
+
+
+def parse_printed(path: Path) -> list[dict]:
+    """DeepSpeed-Chat's per-step printed lines -> one dict per step (in order); garbled lines raise.
+
+    Per step main.py prints End-to-End, Generation, Training (perf.py), then the Average reward line.
+    """
+    steps: list[dict] = []
+    with open(path, errors="replace") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            prefix = _PREFIX.match(line)  # matches every line (the prefix is optional)
+            body = line[prefix.end() if prefix else 0:].rstrip()
+            kind = next((k for k, (start, _) in PRINTED.items() if body.startswith(start)), None)
+            if kind is None:
+                continue
+            m = PRINTED[kind][1].fullmatch(body)
+            if m is None:
+                raise HarnessError(f"{path}:{lineno}: garbled DeepSpeed-Chat line (not in perf.py/main.py's format): "
+                                   f"{line[:200]!r}")
+            seen = list(steps[-1]) if steps else []
+            follows = (kind == "e2e" and (not seen or len(seen) >= 3)) or seen == list(_ORDER[:_ORDER.index(kind)])
+            if not follows:
+                raise HarnessError(f"{path}:{lineno}: {PRINTED[kind][0]!r} line out of order (after "
+                                   f"{', '.join(PRINTED[k][0] for k in seen) or 'nothing'} in this step)")
+            if kind == "e2e":
+                steps.append({})
+            steps[-1][kind] = {k: float(v) for k, v in m.groupdict().items()}
+    if steps and len(steps[-1]) < 3:
+        raise HarnessError(f"{path}: the last step's printed lines are incomplete (the run stopped mid-print)")
+    return steps
+
+
+def _printed_row(step: int, block: dict, n_gpus: int) -> dict:
+    e2e, gen, train = block["e2e"], block["gen"], block["train"]
+    batch, answer = e2e["batch"], gen["answer_len"]
+    reward = block.get("reward", {})
+    return {
+        "step": step, "n_gpus": n_gpus,
+        # DeepSpeed-Chat's End-to-End latency is generation + training only (main.py: "it is an approximation").
+        "time_step_s": e2e["e2e"], "time_gen_s": gen["gen"], "time_transition_s": math.nan,
+        "time_train_s": train["train"],
+        # Estimated as DeepSpeed-Chat's own throughput assumes: every sequence at the configured maximum lengths.
+        "tokens_prompt": batch * (e2e["seq_len"] - answer), "tokens_response": batch * answer,
+        "tokens_baseline": batch * answer,
+        "reward_mean": reward.get("reward", math.nan), "reward_baseline_mean": math.nan,
+        # main.py's "Average kl" is a per-token mean, not the schema's per-response sum: not used.
+        "kl_mean": math.nan,
+        # main.py counts the action mask from the last prompt token on: one more than the response's tokens.
+        "response_length_mean": reward["length"] - 1 if "length" in reward else math.nan,
+        metrics.FRAMEWORK_THROUGHPUT: e2e["samples_per_s"] * e2e["seq_len"],
+        ESTIMATED: True,
+    }
+
+
+def _read_json_lines(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{path}:{lineno}: not a JSON step record ({e.msg})") from None
+            missing = [k for k in ("step", "time_step_s", "tokens_prompt", "tokens_response") if k not in row] \
+                if isinstance(row, dict) else ["a JSON object"]
+            if missing:
+                raise HarnessError(f"{path}:{lineno}: step record lacks {', '.join(missing)}")
+            rows.append(row)
+    return rows
+
+
+def _is_json_lines(path: Path) -> bool:
+    with open(path, errors="replace") as f:
+        first = next((line for line in f if line.strip()), "")
+    return first.lstrip().startswith("{")
+
+
+def evaluation(run_dir: Path) -> dict | None:
+    """Eval greedy accuracy before and after training: the launcher's greedy evaluation of the initial and the saved
+    actor (reward_client.greedy_evaluation; DeepSpeed-Chat itself evaluates sampled rewards only)."""
+    path = Path(run_dir) / EVAL_LOG
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        points = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
+                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+        if "responses" in record["before"]:
+            points["before"]["responses"] = record["before"]["responses"]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise HarnessError(f"{path}: not the launcher's evaluation record ({e!r})") from None
+    return {"run_id": run_plan(path, NAME)["run_id"], "split": "eval",
+            "source": "greedy decoding of the initial and the saved actor by the launcher (Transformers generate)",
+            **points}
+
+
+def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+    """The launcher's JSON lines (measured) with DeepSpeed-Chat's printed figure beside them; printed lines alone
+    give estimated rows (`tokens_estimated`). Logs of one run directory belong together (same plan.json)."""
+    by_run: dict[Path, dict] = {}
+    for path in map(Path, logs):
+        entry = by_run.setdefault(path.parent, {"json": [], "printed": [], "paths": []})
+        entry["paths"].append(path)
+        (entry["json"] if _is_json_lines(path) else entry["printed"]).append(path)
+    frames = []
+    for entry in by_run.values():
+        ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in PLAN_IDENTITY}
+        planned_gpus = ident.pop("n_gpus")
+        gpus = n_gpus if n_gpus is not None else planned_gpus or 0
+        printed = [b for p in entry["printed"] for b in parse_printed(p)]
+        if entry["json"]:
+            rows = [r for p in entry["json"] for r in _read_json_lines(p)]
+            for i, r in enumerate(rows):
+                r[ESTIMATED] = False
+                if n_gpus is not None:
+                    r["n_gpus"] = n_gpus
+                if i < len(printed):  # DeepSpeed-Chat prints one block per step, after the step
+                    e2e = printed[i]["e2e"]
+                    r[metrics.FRAMEWORK_THROUGHPUT] = e2e["samples_per_s"] * e2e["seq_len"]
+        else:
+            rows = [_printed_row(i, b, gpus) for i, b in enumerate(printed, 1)]
+        for r in rows:
+            r.update(ident)
+        source = ", ".join(map(str, entry["paths"]))
+        df = metrics.to_frame(rows, source)
+        flags = {int(r["step"]): bool(r[ESTIMATED]) for r in rows}
+        df[ESTIMATED] = df["step"].map(flags).astype(bool)
+        frames.append(df)
+    if not frames:
+        raise HarnessError("no DeepSpeed-Chat logs given")
+    return pd.concat(frames, ignore_index=True)
