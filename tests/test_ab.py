@@ -201,9 +201,9 @@ def test_an_arms_framework_version_is_the_environment_its_runs_launch_with(tmp_p
     from harness.runtime import envs
 
     tree = tmp_path / "tree"  # an arm's checkout: its own description of the environment
-    (tree / "workflows" / "envs").mkdir(parents=True)
-    (tree / "workflows" / "envs" / "tiny.txt").write_text("# the default version\n")
-    monkeypatch.setattr(envs, "ENV_SPECS", tree / "workflows" / "envs")  # this checkout's: the same
+    (tree / "harness" / "frameworks" / "tiny" / "envs").mkdir(parents=True)
+    (tree / "harness" / "frameworks" / "tiny" / "envs" / "tiny.txt").write_text("# the default version\n")
+    monkeypatch.setattr(envs, "FRAMEWORK_FOLDERS", tree / "harness" / "frameworks")  # this checkout's: the same
     monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "shared")
     newer = tmp_path / "newer.txt"
     newer.write_text("smmap==5.0.3\n")  # pure Python, pinned as requirements.lock does

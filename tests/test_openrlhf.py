@@ -450,9 +450,10 @@ def test_a_new_revision_of_the_patch_rebuilds_the_environments_it_patches(tmp_pa
         assert orl_plan.REMAX_DIR / orl_plan.PATCH in envs.digest_files(envs.spec_path(name))
     patch = tmp_path / "patch.py"
     patch.write_text("revision 1\n")
-    (tmp_path / "specs").mkdir()
-    (tmp_path / "specs" / "tiny.txt").write_text(f"#!digest {os.path.relpath(patch, envs.REPO)}\n")
-    monkeypatch.setattr(envs, "ENV_SPECS", tmp_path / "specs")
+    (tmp_path / "frameworks" / "tiny" / "envs").mkdir(parents=True)
+    (tmp_path / "frameworks" / "tiny" / "envs" / "tiny.txt").write_text(
+        f"#!digest {os.path.relpath(patch, envs.REPO)}\n")
+    monkeypatch.setattr(envs, "FRAMEWORK_FOLDERS", tmp_path / "frameworks")
     python = envs.ensure_env("tiny", root=tmp_path / "venvs")
     (python.parent / "built-by-revision-1").touch()
     assert envs.ensure_env("tiny", root=tmp_path / "venvs") == python

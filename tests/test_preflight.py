@@ -115,7 +115,7 @@ def test_an_environment_with_a_cpu_only_torch_fails_with_the_fix(tmp_path, monke
                      commands=list, env_root=venvs)
     row = by_check(rows)["environment dschat"]
     assert row["status"] == "fail" and "a CPU build" in row["found"] and "CUDA 12.2" in row["found"]
-    assert row["fix"] == "a CUDA build of torch in workflows/envs/dschat.txt"
+    assert row["fix"] == "a CUDA build of torch in harness/frameworks/dschat/envs/dschat.txt"
 
 
 def test_the_command_on_a_machine_without_gpus_exits_2_with_the_table(tmp_path):

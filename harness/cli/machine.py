@@ -23,7 +23,8 @@ def cmd_env(args: argparse.Namespace) -> None:
 
 
 def _env(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("env", help="build (once) the pinned environment workflows/envs/NAME.txt; print its python")
+    sp = sub.add_parser("env", help="build (once) the pinned environment NAME (harness/frameworks/*/envs/NAME.txt); "
+                                      "print its python")
     sp.add_argument("name")
     sp.add_argument("--out", help="also write the environment's python path to this file")
     sp.set_defaults(func=cmd_env)

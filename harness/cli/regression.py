@@ -160,7 +160,7 @@ def _ab(sub: argparse._SubParsersAction) -> None:
     for arm in ("a", "b"):
         sp.add_argument(f"--{arm}-env", action="append", metavar="NAME=FILE",
                         help=f"arm {arm.upper()}'s framework environment NAME from this description (a pip "
-                             "requirements file as workflows/envs/NAME.txt: another framework version); repeatable")
+                             "requirements file as a framework's envs/NAME.txt: another framework version); repeatable")
     sp.add_argument("--split", type=float, help="decide only whether B is slower than A by more than this fraction "
                                                 "(what bisect asks of each commit)")
     _ab_options(sp)

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness import HarnessError
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.inputs import TOKENIZER_FILES
-from harness.runtime.envs import ENV_ROOT, env_python
+from harness.runtime.envs import ENV_ROOT, REPO, env_python, spec_path
 
 GiB = 1024 ** 3
 # Files of a Hugging Face checkpoint that hold weights: their size is what a framework's save of it writes.
@@ -128,9 +128,9 @@ def environment_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi,
         built_for = tuple(int(v) for v in versions["cuda"].split(".")[:2]) if versions["cuda"] else None
         found = (f"torch {versions['torch']} (CUDA {versions['cuda'] or 'none: a CPU build'}); the driver serves "
                  f"CUDA {'.'.join(map(str, cuda)) if cuda else 'unknown'}")
+        spec = spec_path(env).relative_to(REPO)
         fix = (f"a driver for CUDA {versions['cuda']} or newer on the node, or torch wheels of an older CUDA in "
-               f"workflows/envs/{env}.txt (PyTorch's cuXYZ index)" if built_for else
-               f"a CUDA build of torch in workflows/envs/{env}.txt")
+               f"{spec} (PyTorch's cuXYZ index)" if built_for else f"a CUDA build of torch in {spec}")
         rows.append(_row(check, built_for is not None and cuda is not None and built_for <= cuda, found, fix))
     return rows
 

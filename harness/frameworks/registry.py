@@ -41,7 +41,7 @@ class Adapter:
     log_glob: str  # the run's own logs inside its run directory
     run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
     plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
-    env: str | None = None  # name of its pinned GPU environment, workflows/envs/<env>.txt (real frameworks)
+    env: str | None = None  # name of its pinned GPU environment, its folder's envs/<env>.txt (real frameworks)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
     # Why one run cannot span more than one node (launch.nnodes > 1); empty: its launch does (verl's Ray cluster).

@@ -125,9 +125,10 @@ def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say:
     checkout's. One built from the same description (the shared one in envs.ENV_ROOT, or the other arm's) is lent
     as a link, not built again; `made` maps each description's digest to the environment built from it."""
     assert arm.tree is not None
-    spec = arm.envs.get(name) or arm.tree / "workflows" / "envs" / f"{name}.txt"
-    if not spec.is_file():
-        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): no description of environment {name!r} ({spec})")
+    try:
+        spec = arm.envs.get(name) or envs.spec_path(name, arm.tree)
+    except HarnessError as e:
+        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): {e}") from None
     digest = envs.env_digest(spec, arm.tree)
     root.mkdir(parents=True, exist_ok=True)
     if digest not in made and digest == envs.env_digest(envs.spec_path(name)):

@@ -3,11 +3,12 @@
 Each framework environment NAME gets one image, results/images/NAME.sif, made once by the workflow's
 framework_image rule (`remax-bench image NAME`) from the framework's published image (`container.images.NAME.from`):
 pulled as published (`install: false`), or built from a definition generated here that installs the pinned
-description workflows/envs/NAME.txt on top, with the same pip steps as the venv (harness.runtime.envs.pip_steps), so a
-container and a venv hold the same versions. Beside the image, NAME.json records where it came from and the sha256
-of the .sif; the run manifest copies it. launch.sh runs the framework's programs inside `apptainer exec --nv`
-(exec_prefix, used only through env_command below); the host environment passes through (Apptainer's
-default), so launch.sh's exports, CUDA_VISIBLE_DEVICES and the scheduler's variables reach the framework.
+description of NAME (its framework's envs/NAME.txt) on top, with the same pip steps as the venv
+(harness.runtime.envs.pip_steps), so a container and a venv hold the same versions. Beside the image, NAME.json
+records where it came from and the sha256 of the .sif; the run manifest copies it. launch.sh runs the framework's
+programs inside `apptainer exec --nv` (exec_prefix, used only through env_command below); the host environment passes
+through (Apptainer's default), so launch.sh's exports, CUDA_VISIBLE_DEVICES and the scheduler's variables reach the
+framework.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Per-framework Python environments, built from pinned descriptions: workflows/envs/<name>.txt, or a framework's own
-folder's harness/frameworks/<framework>/envs/<name>.txt (a framework is one folder).
+"""Per-framework Python environments, built from pinned descriptions in each framework's own folder:
+harness/frameworks/<framework>/envs/<name>.txt (a framework is one folder).
 
 verl, OpenRLHF and DeepSpeed-Chat pin conflicting torch/transformers/ray/deepspeed, so each gets its own venv
 under .venvs/<name>, never the harness's. A description is a pip requirements file; lines starting with
@@ -28,7 +28,6 @@ from harness import HarnessError
 from harness.io import sha256_file, write_text
 
 REPO = Path(__file__).resolve().parents[2]
-ENV_SPECS = REPO / "workflows" / "envs"
 FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, found by path: runtime imports no adapter
 # REMAX_BENCH_ENVS: another folder of environments, for one process tree (`remax-bench ab` gives each arm its own, so
 # that an arm's framework version is the one its runs launch with).
@@ -36,15 +35,20 @@ ENV_ROOT = Path(os.environ.get("REMAX_BENCH_ENVS") or REPO / ".venvs")
 STAMP = ".remax-bench-env"
 
 
-def spec_path(name: str) -> Path:
-    path = ENV_SPECS / f"{name}.txt"
-    if path.is_file():
-        return path
-    own = sorted(FRAMEWORK_FOLDERS.glob(f"*/envs/{name}.txt"))
-    if own:
-        return own[0]
-    known = sorted(p.stem for p in [*ENV_SPECS.glob("*.txt"), *FRAMEWORK_FOLDERS.glob("*/envs/*.txt")])
-    raise HarnessError(f"{path}: no environment description named {name!r} (known: {', '.join(known)})")
+def spec_path(name: str, tree: Path | None = None) -> Path:
+    """The description of environment `name` in this checkout, or in `tree` (another checkout: an A/B arm's). A
+    checkout from before 2026-12-04 kept every description in workflows/envs/, where bisect still finds them."""
+    folders = FRAMEWORK_FOLDERS if tree is None else tree / "harness" / "frameworks"
+    found = sorted(folders.glob(f"*/envs/{name}.txt"))
+    if tree is not None and not found and (tree / "workflows" / "envs" / f"{name}.txt").is_file():
+        found = [tree / "workflows" / "envs" / f"{name}.txt"]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise HarnessError(f"environment {name!r} is described twice: {', '.join(map(str, found))}")
+    known = sorted(p.stem for p in folders.glob("*/envs/*.txt"))
+    raise HarnessError(f"{folders}/*/envs/{name}.txt: no environment description named {name!r} "
+                       f"(known: {', '.join(known)})")
 
 
 def pinned_version(name: str, package: str) -> str:
@@ -140,7 +144,7 @@ def env_python(name: str, root: Path = ENV_ROOT) -> Path:
 def ensure_env(name: str, root: Path | None = None, python: str = sys.executable, spec: Path | None = None,
                repo: Path = REPO) -> Path:
     """The venv for `name` under `root` (default ENV_ROOT), built (or rebuilt after a change of its description) if
-    needed; returns its python. `spec`: a description other than workflows/envs/NAME.txt (another version of the
+    needed; returns its python. `spec`: a description other than the framework's envs/NAME.txt (another version of the
     framework), its `#!local` and `#!digest` paths relative to `repo`."""
     root = root or ENV_ROOT
     spec = spec or spec_path(name)

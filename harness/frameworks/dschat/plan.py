@@ -23,13 +23,14 @@ from harness.io import atomic_path, write_json, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
-from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script, shell_word
+from harness.runtime.launch_script import REWARD_URL, RUN_DIR, fill, launch_script, shell_word
 
 NAME = "dschat"
-ENV = "dschat"  # workflows/envs/dschat.txt: the GPU run environment
-CPU_ENV = "dschat-cpu"  # workflows/envs/dschat-cpu.txt: real DeepSpeed on the CPU, for CPU runs and checks
+ENV = "dschat"  # envs/dschat.txt: the GPU run environment
+CPU_ENV = "dschat-cpu"  # envs/dschat-cpu.txt: real DeepSpeed on the CPU, for CPU runs and checks
 REMAX_COMMIT = "536ba49cc2f9a1a76941045388a44757e2533e75"
 MAIN = "step3_rlhf_finetuning/main.py"
+TEMPLATES = Path(__file__).with_name("templates")  # launch.sh fragments
 CHECKOUT_ENV = "REMAX_BENCH_REMAX_CHECKOUT"  # where conformance (which has no config) finds the checkout
 STEPS_LOG = "dschat_steps.log"  # the launcher's JSON lines, in the run directory
 LAUNCHER = Path(dschat_launcher.__file__)
@@ -170,8 +171,8 @@ def _served_at(config: dict) -> tuple[str, int | None]:
 CPU_DEVIATIONS = [
     {"key": "device", "shared": "the node's GPUs", "effective": "one process on DeepSpeed's cpu accelerator (gloo)",
      "cause": "the ReMax code's torch.cuda.set_device, .cuda() and to_device(batch, cuda) go to the CPU "
-              "(dschat_launcher.install_cpu_layer); DeepSpeed 0.19.8 and Transformers 5 (workflows/envs/"
-              "dschat-cpu.txt), not the 0.10.3 and 4.31 of the GPU environment, which have no CPU path"},
+              "(dschat_launcher.install_cpu_layer); DeepSpeed 0.19.8 and Transformers 5 (harness/frameworks/dschat/"
+              "envs/dschat-cpu.txt), not the 0.10.3 and 4.31 of the GPU environment, which have no CPU path"},
     {"key": "generation", "shared": "DeepSpeed's hybrid engine with its inference kernels",
      "effective": "the hybrid engine around the model's own generate()",
      "cause": "DeepSpeed's inference containers for a Llama policy are CUDA kernels; on the CPU the hybrid engine "
@@ -257,28 +258,11 @@ def main_args(argv: list[str]) -> list[str]:
 
 def _checkout_check(checkout: Path) -> str:
     """launch.sh's check: refuse a checkout that is not the pinned, unedited official code."""
-    return f"""CHECKOUT={shell_word(str(checkout))}
-HEAD=$(git -C "$CHECKOUT" rev-parse HEAD 2>&1 || true)
-if [ "$HEAD" != {REMAX_COMMIT} ]; then
-  echo "$CHECKOUT: not the pinned ReMax checkout ({REMAX_COMMIT}; git rev-parse HEAD: $HEAD);" \\
-    "make it with workflows/rules/setup.smk" >&2
-  exit 2
-fi
-# A locally edited checkout would run as the official code under the pinned commit's name.
-EDITED=$(git -C "$CHECKOUT" status --porcelain --untracked-files=no 2>&1 || true)
-if [ -n "$EDITED" ]; then
-  echo "$CHECKOUT: the pinned ReMax checkout has local changes (git status: $EDITED); it is no longer the" \\
-    "official code" >&2
-  exit 2
-fi
-"""
+    return fill(TEMPLATES / "checkout_check.sh.j2", checkout=shell_word(str(checkout)), commit=REMAX_COMMIT)
 
 
 # DeepSpeed-Chat reads local/jsonfile data from data/ beside the checkout (utils/data/data_utils.py).
-_RUN_LAYOUT = """ln -sfn "$CHECKOUT" "$RUN_DIR/ReMax"
-ln -sfn "$PLAN_DIR/data" "$RUN_DIR/data"
-mkdir -p "$RUN_DIR/output" "$RUN_DIR/data_files"
-"""
+RUN_LAYOUT = TEMPLATES / "run_layout.sh.j2"
 
 
 def _deviations(config: dict) -> list[dict]:
@@ -389,7 +373,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             title=f"DeepSpeed-Chat / official ReMax (liziniu/ReMax {REMAX_COMMIT[:7]}), planned by "
                   f"`remax-bench plan {NAME}`",
             argv=argv, env_vars=env_vars, env_check=env_check(env, config, "deepspeed"),
-            checks=_checkout_check(checkout), setup=_RUN_LAYOUT, reward_server=server))
+            checks=_checkout_check(checkout), setup=fill(RUN_LAYOUT), reward_server=server))
         write_json(tmp / "plan.json", {
             "framework": NAME,
             "framework_version": framework_version(env),
