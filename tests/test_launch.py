@@ -11,6 +11,7 @@ import pytest
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import launch as launch_module
+from harness.frameworks import write_plan
 from harness.frameworks.launch import failure_cause, launch
 from harness.runtime.launch_script import RUN_DIR, launch_script
 
@@ -133,5 +134,21 @@ def test_a_plan_without_its_record_is_refused_before_anything_runs(tmp_path):
     del record["inputs"]
     (d / "plan.json").write_text(json.dumps(record))
     with pytest.raises(HarnessError, match=r"plan.json: not a plan.json \(missing inputs\)"):
+        launch(d, tmp_path / "run", 1, {"remax": {"steps": 1}})
+    assert not (d / "ran").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_plan_record_of_the_wrong_types_is_refused_where_it_is_written_and_where_it_is_read(tmp_path):
+    """The typed record: a seed written as text (a YAML seed list read as strings) would name another run in every
+    table; the adapter's write_plan refuses it, and launch refuses a plan.json edited that way."""
+    d = plan(tmp_path, "touch ran\n")
+    record = json.loads((d / "plan.json").read_text())
+    with pytest.raises(HarnessError, match=r"adapter's plan is not a plan record \(seed is str '1', not int\)"):
+        write_plan(tmp_path / "written.json", {**record, "seed": "1"})
+    assert not (tmp_path / "written.json").exists()
+    with pytest.raises(HarnessError, match=r"missing inputs; n_gpus is bool True, not int"):
+        write_plan(tmp_path / "written.json", {k: v for k, v in record.items() if k != "inputs"} | {"n_gpus": True})
+    (d / "plan.json").write_text(json.dumps({**record, "run_id": 7}))
+    with pytest.raises(HarnessError, match=r"plan.json: not a plan.json \(run_id is int 7, not str\)"):
         launch(d, tmp_path / "run", 1, {"remax": {"steps": 1}})
     assert not (d / "ran").exists() and not (tmp_path / "run").exists()

@@ -21,6 +21,7 @@ from harness.frameworks.registry import (
     run_id,
     run_plan,
     sources,
+    write_plan,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "run_id",
     "run_plan",
     "sources",
+    "write_plan",
 ]

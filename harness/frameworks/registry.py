@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import read_json_object
+from harness.io import read_json_object, write_json
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,10 @@ PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
 # What every plan.json holds for its launch: the identity, and the shared inputs' record
 # (harness.inputs.resolve_inputs), which the run's manifest copies.
 PLAN_RECORD = (*PLAN_IDENTITY, "inputs")
+# The type of each key of the record: what launch, ingest and the manifest read from it. bool is an int to Python,
+# not to a plan.
+PLAN_TYPES: dict[str, type] = {"framework": str, "framework_version": str, "run_id": str, "seed": int, "n_gpus": int,
+                               "inputs": dict}
 
 
 def run_id(framework: str, config: dict, seed: int) -> str:
@@ -236,13 +240,30 @@ def run_id(framework: str, config: dict, seed: int) -> str:
     return f"{framework}-{config['profile']}-s{seed}"
 
 
-def read_plan(path: Path, keys: Sequence[str] = PLAN_RECORD) -> dict:
-    """A plan.json, checked to hold `keys` (launch: PLAN_RECORD; ingest: the identity): HarnessError naming what an
-    adapter's plan left out."""
-    plan = read_json_object(path, "plan")
+def _plan_errors(plan: dict, keys: Sequence[str]) -> list[str]:
     missing = [k for k in keys if k not in plan]
-    if missing:
-        raise HarnessError(f"{path}: not a plan.json (missing {', '.join(missing)}); the adapter's plan must write "
+    wrong = [f"{k} is {type(plan[k]).__name__} {plan[k]!r}, not {PLAN_TYPES[k].__name__}" for k in keys
+             if k in plan and (not isinstance(plan[k], PLAN_TYPES[k]) or isinstance(plan[k], bool))]
+    return ([f"missing {', '.join(missing)}"] if missing else []) + wrong
+
+
+def write_plan(path: Path, plan: dict) -> None:
+    """An adapter's plan.json, checked to hold the record (PLAN_RECORD, of PLAN_TYPES) before it is written: a plan
+    that launch or ingest would refuse fails where it is made."""
+    errors = _plan_errors(plan, PLAN_RECORD)
+    if errors:
+        raise HarnessError(f"{path}: the {plan.get('framework', '?')} adapter's plan is not a plan record "
+                           f"({'; '.join(errors)})")
+    write_json(path, plan)
+
+
+def read_plan(path: Path, keys: Sequence[str] = PLAN_RECORD) -> dict:
+    """A plan.json, checked to hold `keys` of their PLAN_TYPES (launch: PLAN_RECORD; ingest: the identity):
+    HarnessError naming what an adapter's plan left out or wrote as something else."""
+    plan = read_json_object(path, "plan")
+    errors = _plan_errors(plan, keys)
+    if errors:
+        raise HarnessError(f"{path}: not a plan.json ({'; '.join(errors)}); the adapter's plan must write "
                            f"{', '.join(keys)}")
     return plan
 

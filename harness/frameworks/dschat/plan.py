@@ -16,10 +16,10 @@ from pathlib import Path
 from harness import HarnessError
 from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.dschat import launcher as dschat_launcher
-from harness.frameworks.registry import environment, get_adapter, on_cpu, run_id
+from harness.frameworks.registry import environment, get_adapter, on_cpu, run_id, write_plan
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs
-from harness.io import atomic_path, write_json, write_text
+from harness.io import atomic_path, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
@@ -374,7 +374,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                   f"`remax-bench plan {NAME}`",
             argv=argv, env_vars=env_vars, env_check=env_check(env, config, "deepspeed"),
             checks=_checkout_check(checkout), setup=fill(RUN_LAYOUT), reward_server=server))
-        write_json(tmp / "plan.json", {
+        write_plan(tmp / "plan.json", {
             "framework": NAME,
             "framework_version": framework_version(env),
             "seed": seed,

@@ -18,6 +18,7 @@ from harness.frameworks.registry import (
     environment,
     get_adapter,
     on_cpu,
+    write_plan,
 )
 from harness.frameworks.registry import (
     run_id as framework_run_id,
@@ -274,7 +275,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
             log=LOG))
-        write_json(tmp / "plan.json", {
+        write_plan(tmp / "plan.json", {
             "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": _env(config),
             # OpenRLHF's figures are per pretend GPU on a CPU; the harness counts a CPU run's devices as 0 (as verl's)
             "argv": argv, "env_vars": env_vars, "n_gpus": 0 if on_cpu(config) else _gpus(config), "inputs": inputs,

@@ -20,10 +20,11 @@ from harness.frameworks.registry import (
     get_adapter,
     on_cpu,
     run_id,
+    write_plan,
 )
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
-from harness.io import atomic_path, write_json, write_text
+from harness.io import atomic_path, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.launch_script import RUN_DIR, launch_script, ray_cluster_block
@@ -335,7 +336,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         tmp.mkdir()
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
-        write_json(tmp / "plan.json", plan_json)
+        write_plan(tmp / "plan.json", plan_json)
         write_text(tmp / "launch.sh", launch_script(
             title=f"verl {VERSION} ReMax run planned by `remax-bench plan verl`; verl's metrics go to "
                   f"RUN_DIR/{METRICS_LOG}",
