@@ -8,7 +8,9 @@ import pytest
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
-from harness.frameworks import trl as trl_adapter
+from harness.frameworks.trl import conformance as trl_conformance
+from harness.frameworks.trl import ingest as trl_ingest
+from harness.frameworks.trl import plan as trl_plan
 from harness.results.metrics import read_metrics
 from harness.runtime import envs
 from tests.conftest import REPO, make_inputs, run_cli, tiny_cpu_config
@@ -46,7 +48,7 @@ def test_real_steps_are_ingested_as_trl_logged_them(trl_run):
     plan = json.loads((trl_run / "run" / "plan.json").read_text())
     assert list(df["step"]) == list(range(1, STEPS + 1))
     assert set(df["run_id"]) == {plan["run_id"]} and set(df["framework_version"]) == {"trl-1.16.0"}
-    logged = trl_adapter.parse_printed(trl_run / "run" / trl_adapter.TRL_LOG)
+    logged = trl_ingest.parse_printed(trl_run / "run" / trl_plan.TRL_LOG)
     assert len(logged) == STEPS
     seen = 0.0
     for row, own in zip(df.itertuples(), logged):
@@ -64,9 +66,9 @@ def test_real_steps_are_ingested_as_trl_logged_them(trl_run):
 def test_the_run_writes_its_evaluation_and_a_conformance_row_from_the_real_step(trl_run):
     record = json.loads((trl_run / "run" / "eval.json").read_text())
     assert 0 <= record["before"]["greedy_accuracy"] <= 1 and 0 <= record["after"]["greedy_accuracy"] <= 1
-    batch = json.loads((trl_run / "run" / trl_adapter.BATCH_LOG).read_text())
+    batch = json.loads((trl_run / "run" / trl_plan.BATCH_LOG).read_text())
     assert any(v for row in batch["kl"] for v in row), "the recorded batch carries the KL to the reference"
-    row = trl_adapter.run_conformance(trl_run / "run").iloc[0]
+    row = trl_conformance.run_conformance(trl_run / "run").iloc[0]
     assert row["verdict"] == "match" and row["source"] == "from a real run", row.to_dict()
 
 
@@ -75,30 +77,30 @@ def test_a_recorded_batch_whose_advantages_drop_the_kl_differs(trl_run, tmp_path
     trainer) is reported as differing on the run's own batch."""
     run = tmp_path / "run"
     shutil.copytree(trl_run / "run", run, ignore=shutil.ignore_patterns("output"))
-    batch = json.loads((run / trl_adapter.BATCH_LOG).read_text())
+    batch = json.loads((run / trl_plan.BATCH_LOG).read_text())
     no_kl = {**batch, "kl_coef": 0.0}
     from harness.conformance import reference_advantages
 
     batch["advantages"] = reference_advantages(no_kl).tolist()
-    (run / trl_adapter.BATCH_LOG).write_text(json.dumps(batch))
-    assert trl_adapter.run_conformance(run).iloc[0]["verdict"] == "differs"
+    (run / trl_plan.BATCH_LOG).write_text(json.dumps(batch))
+    assert trl_conformance.run_conformance(run).iloc[0]["verdict"] == "differs"
 
 
 def test_the_trainers_advantage_matches_the_reference_on_the_shared_vectors(trl_env):
-    df = trl_adapter.conformance(None)
+    df = trl_conformance.conformance(None)
     applicable = df[df["verdict"] != "not applicable"]
     assert set(applicable["case"]) == {"outcome", "outcome_kl_in_reward"}, df.to_string()
     assert (applicable["verdict"] == "match").all(), df.to_string()
 
 
 def test_trls_own_log_lines_are_read_and_a_garbled_one_is_named(tmp_path):
-    logged = trl_adapter.parse_printed(FIXTURES / "trl_console.txt")
+    logged = trl_ingest.parse_printed(FIXTURES / "trl_console.txt")
     assert [s["num_tokens"] for s in logged] == [2817.0, 5634.0, 8443.0]  # the summary line is not a step
     bad = tmp_path / "trl.log"
     bad.write_text("warming up\n" + (FIXTURES / "trl_console.txt").read_text().replace("'num_tokens': '5634'",
                                                                                        "'num_tokens': 5634'"))
     with pytest.raises(HarnessError, match=r"trl.log:3: garbled TRL log line"):
-        trl_adapter.parse_printed(bad)
+        trl_ingest.parse_printed(bad)
 
 
 def test_a_plan_that_asks_for_more_than_one_sample_per_prompt_is_refused(tmp_path):
