@@ -394,88 +394,12 @@ def task_files(tmp_path_factory):
     return d
 
 
-DRIVER = r"""
-import json, os, sys, types
-sys.path.insert(0, sys.argv[1])
-import torch, deepspeed
-import launcher as L
-import reward_client
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-steps_log, task, mode, reward_url, checkout, generation_length = sys.argv[2:8]
-rec = L.StepRecorder(steps_log)
-L.wrap_hybrid_engine(rec, fixed_length=generation_length == "fixed")  # on the class, before deepspeed.initialize
-tok = AutoTokenizer.from_pretrained(task + "/tokenizer")
-tok.pad_token = tok.eos_token  # as DeepSpeed-Chat's get_tokenizer does
-torch.manual_seed(0)
-# Qwen2: DeepSpeed has no inference policy for it, so the hybrid engine builds no GPU-only inference kernels.
-cfg = Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-def ds_config(hybrid):
-    return {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0},
-            "gradient_clipping": 1.0, "hybrid_engine": {"enabled": hybrid, "max_out_tokens": 32,
-            "inference_tp_size": 1, "release_inference_cache": False, "pin_parameters": True,
-            "tp_gather_partition_size": 8}}
-model = Qwen2ForCausalLM(cfg)
-actor, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                 config=ds_config(True))
-reward = reward_client.SharedReward(tok, task + "/dataset.jsonl", rec, reward_url or None)
-rows = [json.loads(l) for l in open(task + "/dataset.jsonl")][:12]
-def batch(rows):
-    ids = [tok(r["prompt"])["input_ids"] for r in rows]
-    width = max(map(len, ids))
-    prompt = torch.tensor([[tok.pad_token_id] * (width - len(i)) + i for i in ids])  # left-padded, as DS-Chat
-    return prompt, (prompt != tok.pad_token_id).long()
-report = {"engine": type(actor).__name__, "routed": actor.module.generate == actor.generate, "steps": []}
-if mode == "engine":
-    # main.py's order of calls on the actor within one iteration, without ReMax's trainer around them
-    for step in range(2):
-        prompt, mask = batch(rows[4 * step: 4 * step + 4])
-        rec.open()
-        actor.eval()
-        kw = dict(attention_mask=mask, max_length=prompt.shape[1] + 6, pad_token_id=tok.pad_token_id)
-        sampled = actor.module.generate(prompt, do_sample=True, top_p=0.9, temperature=1.0, **kw)
-        greedy = actor.module.generate(prompt, do_sample=False, **kw)
-        actor.train()
-        reward.forward_value(sampled, None, prompt_length=prompt.shape[1])
-        reward.forward_value(greedy, None, prompt_length=prompt.shape[1])
-        rec.experience_done(L._synchronized_now())
-        loss = actor(sampled, labels=sampled).loss
-        actor.backward(loss)
-        actor.step()
-        report["steps"].append({"prompt": prompt.tolist(), "mask": mask.tolist(), "sampled": sampled.tolist(),
-                                "greedy": greedy.tolist()})
-else:
-    # ReMax's own trainer: main.py's loop body (generate_experience, compute_loss, backward, step)
-    sys.path[:0] = [checkout + "/step3_rlhf_finetuning", checkout]
-    import remax_trainer
-    L.wrap_trainer(rec, remax_trainer.DeepSpeedReMaxTrainer)
-    ref_model = Qwen2ForCausalLM(cfg)
-    ref, *_ = deepspeed.initialize(model=ref_model, config=ds_config(False))
-    engine = types.SimpleNamespace(actor=actor, ref=ref, reward=reward, tokenizer=tok)
-    args = types.SimpleNamespace(max_answer_seq_len=6, end_of_conversation_token=tok.eos_token, actor_zero_stage=0,
-                                 reference_zero_stage=0, kl_ctl=0.1, gamma=1.0)
-    trainer = remax_trainer.DeepSpeedReMaxTrainer(engine, args)
-    for step in range(2):
-        prompt, mask = batch(rows[4 * step: 4 * step + 4])
-        exp = trainer.generate_experience(prompt, mask, step)
-        loss, returns, _ = trainer.compute_loss(exp)
-        trainer.actor_model.backward(loss)
-        trainer.actor_model.step()
-        report["steps"].append({"rewards": exp["rewards"].tolist(),
-                                "baseline_rewards": exp["baseline_rewards"].tolist(),
-                                "input_ids": exp["input_ids"].tolist(), "prompt_length": prompt.shape[1]})
-print("REPORT " + json.dumps(report), flush=True)
-# Leave without interpreter teardown: DeepSpeed's CPU comm threads sometimes abort the process at exit
-# ("terminate called without an active exception", seen once in CI) after all the work above is done.
-os._exit(0)
-"""
+DRIVER = FIXTURES / "engine_driver.py"  # runs in dschat-cpu
 
 
 def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout="", generation_length="natural"):
     log = tmp_path / "steps.log"
-    proc = subprocess.run([ds_python, "-c", DRIVER, REPO / "harness" / "frameworks" / "dschat", log, task_files, mode,
+    proc = subprocess.run([ds_python, str(DRIVER), REPO / "harness" / "frameworks" / "dschat", log, task_files, mode,
                            reward_url, checkout, generation_length], capture_output=True, text=True, env=ds_env(),
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -551,18 +475,14 @@ def test_fixed_generation_length_holds_every_response_to_max_length(ds_python, t
     assert any(ended_early), "the natural run never stopped at EOS, so it cannot show what fixed changes"
 
 
+LLAMA_HYBRID_ENGINE = FIXTURES / "llama_hybrid_engine_check.py"  # runs in dschat-cpu; expected to fail
+
+
 def test_llama_inference_containers_need_gpu_kernels(ds_python, tmp_path):
     """Why the CPU test uses a model without a DeepSpeed inference policy: for a Llama the hybrid engine builds
     DeepSpeedGPTInference layers, whose kernels (InferenceBuilder) have no CPU implementation."""
-    script = r"""
-import torch, deepspeed
-from transformers import LlamaConfig, LlamaForCausalLM
-m = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2))
-deepspeed.initialize(model=m, optimizer=torch.optim.AdamW(m.parameters()), config={"train_batch_size": 1,
-                     "hybrid_engine": {"enabled": True, "max_out_tokens": 16}})
-"""
-    proc = subprocess.run([ds_python, "-c", script], capture_output=True, text=True, env=ds_env(), timeout=300)
+    proc = subprocess.run([ds_python, str(LLAMA_HYBRID_ENGINE)], capture_output=True, text=True, env=ds_env(),
+                          timeout=300)
     assert proc.returncode != 0
     assert "DeepSpeedGPTInference" in proc.stderr and "This op had not been implemented on CPU backend" in proc.stderr
 
@@ -618,33 +538,7 @@ def test_remax_trainer_step_through_the_wrapped_engine(ds_python, tmp_path, task
         assert line["time_experience_s"] > 0  # actor and reference log-probs, and the reward
 
 
-INSTALL = r"""
-import json, sys, types
-sys.path.insert(0, sys.argv[1])
-import transformers.integrations.deepspeed
-# rlhf_engine imports transformers.deepspeed, which transformers 4.31 (the GPU environment) has and 5.x moved
-sys.modules["transformers.deepspeed"] = transformers.integrations.deepspeed
-import launcher as L
-main = L.prepare(sys.argv[2])
-run_dir, n_eval_rows, split = sys.argv[3], int(sys.argv[4]), sys.argv[5]
-rec = L.StepRecorder(None)
-L.install(rec, sys.argv[6], None)
-import rlhf_engine
-from utils.utils import load_hf_tokenizer
-from utils.data.data_utils import create_dataset
-actor = sys.argv[7]
-tok = load_hf_tokenizer(actor, fast_tokenizer=True)  # DeepSpeed-Chat's own loader, on the planned actor directory
-engine = types.SimpleNamespace(tokenizer=tok)
-out = {"reward": type(rlhf_engine.DeepSpeedRLHFEngine._init_reward(engine, actor)).__name__,
-       "data_utils": sys.modules["utils.data.data_utils"].__file__}
-for phase in (3, 1):
-    train, ev = create_dataset(-1, "local/jsonfile", split, run_dir + "/data_files", phase, 1234, tok, tok.eos_token,
-                               64)
-    out[f"phase{phase}"] = [len(train), len(ev)]
-    if phase == 3:
-        out["first_prompt_ids"] = train[0][0].flip(0).tolist()  # stored reversed; the collator flips it back
-print("REPORT " + json.dumps(out))
-"""
+INSTALL = FIXTURES / "install_check.py"  # runs in dschat-cpu
 
 
 @needs_checkout
@@ -661,7 +555,7 @@ def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(d
     (run / "data").symlink_to(plan / "data")
     (run / "data_files").mkdir()
     actor = flag(ds_plan.main_args(p["argv"]), "--actor_model_name_or_path")
-    proc = subprocess.run([ds_python, "-c", INSTALL, REPO / "harness" / "frameworks" / "dschat",
+    proc = subprocess.run([ds_python, str(INSTALL), REPO / "harness" / "frameworks" / "dschat",
                            run / "ReMax" / ds_plan.MAIN, run, "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
                           capture_output=True, text=True, env=ds_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -707,18 +601,7 @@ def test_the_official_remax_code_trains_on_the_cpu_through_plan_launch_and_inges
         assert 0 <= evaluation[point]["greedy_accuracy"] <= 1 and 0 <= evaluation[point]["reward_mean"] <= 1
 
 
-PARSER = r"""
-import ast, json, sys
-source = open(sys.argv[1]).read()
-fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "parse_args")
-import argparse, deepspeed
-from transformers import SchedulerType
-namespace = {"argparse": argparse, "deepspeed": deepspeed, "SchedulerType": SchedulerType}
-exec(compile(ast.Module(body=[fn], type_ignores=[]), sys.argv[1], "exec"), namespace)
-sys.argv = [sys.argv[1]] + json.loads(sys.stdin.read())
-args = namespace["parse_args"]()
-print(json.dumps({k: (v.value if hasattr(v, "value") else v) for k, v in vars(args).items()}, default=str))
-"""
+PARSER = FIXTURES / "parser_check.py"  # runs in dschat-cpu
 
 
 @needs_checkout
@@ -728,7 +611,7 @@ def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
     main = Path(CHECKOUT) / ds_plan.MAIN
 
     def parse(args):
-        return subprocess.run([ds_python, "-c", PARSER, main], input=json.dumps(args + ["--local_rank=0"]),
+        return subprocess.run([ds_python, str(PARSER), main], input=json.dumps(args + ["--local_rank=0"]),
                               capture_output=True, text=True, env=ds_env())
     proc = parse(ds_plan.main_args(argv))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -742,31 +625,14 @@ def test_planned_command_passes_main_py_parser(ds_python, tmp_path, inputs):
     assert bad.returncode != 0 and "unrecognized arguments: --not_a_flag_of_main_py" in bad.stderr
 
 
-SHORT_RESPONSES = r"""
-import json, sys, types, torch
-sys.path[:0] = [sys.argv[1] + "/step3_rlhf_finetuning", sys.argv[1]]
-import remax_trainer
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained(sys.argv[2])
-tok.pad_token = tok.eos_token  # as DeepSpeed-Chat's get_tokenizer does
-eos, digit = tok.eos_token_id, tok.convert_tokens_to_ids("1")
-prompt = torch.tensor([tok("12>")["input_ids"]] * 3)
-drawn = torch.cat([prompt, torch.tensor([[eos, eos, eos], [digit, eos, eos], [digit, digit, eos]])], 1)
-trainer = remax_trainer.DeepSpeedReMaxTrainer.__new__(remax_trainer.DeepSpeedReMaxTrainer)
-trainer.tokenizer, trainer.max_answer_seq_len = tok, 3
-# generate() is the one part stubbed: it returns the drawn responses, and the official code does the rest.
-actor = types.SimpleNamespace(module=types.SimpleNamespace(generate=lambda *a, **k: drawn.clone()))
-out = trainer._generate_sequence(actor, prompt, torch.ones_like(prompt), 0)
-print(json.dumps({"responses": out[:, prompt.shape[1]:].tolist(), "space": tok.encode(" ")[-1], "eos": eos,
-                  "digit": digit}))
-"""
+SHORT_RESPONSES = FIXTURES / "short_responses_check.py"  # runs in dschat-cpu
 
 
 @needs_checkout
 def test_short_responses_are_rewritten_before_scoring_and_training(ds_python, task_files):
     """What the rollout.short_responses deviation states, from remax_trainer.py itself: a response of at most one
     non-pad token (an EOS drawn first, or one digit) has its first token replaced by encode(' ')[-1]."""
-    proc = subprocess.run([ds_python, "-c", SHORT_RESPONSES, CHECKOUT, task_files / "tokenizer"],
+    proc = subprocess.run([ds_python, str(SHORT_RESPONSES), CHECKOUT, task_files / "tokenizer"],
                           capture_output=True, text=True, env=ds_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
