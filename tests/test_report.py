@@ -131,6 +131,12 @@ def test_the_report_reads_the_summarize_stages_table_and_refuses_one_older_than_
     reason = pd.read_csv(results / "report" / "runs.csv").set_index(["framework", "seed"]).loc[(FLAT, 1), "reason"]
     assert reason == f"{results / 'summary.csv'}: older than {rerun} (summarize again)"
 
+    text = (results / "summary.csv").read_text()
+    (results / "summary.csv").write_text(text[:text.index("\n", len(text) // 2) + 40])  # cut inside a row
+    proc = run_cli("report", results, "--out", tmp_path / "again")
+    assert proc.returncode == 2 and "fields as the header (a truncated file?)" in proc.stderr, proc.stderr
+    assert not (tmp_path / "again").exists()
+
     (results / "summary.csv").write_text("run_id,framework\n")
     proc = run_cli("report", results, "--out", tmp_path / "again")
     assert proc.returncode == 2 and proc.stderr.strip().endswith(

@@ -5,6 +5,7 @@ One row per run; the per-framework view (median over seeds, spread) is built fro
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import sys
@@ -182,8 +183,12 @@ def read_summary(path: Path) -> pd.DataFrame:
     again."""
     try:
         summary = pd.read_csv(path)
-    except (OSError, ValueError) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
+        with open(path, newline="") as f:  # pandas fills a row cut short (a truncated file) with NaN: count fields
+            short = next((i for i, row in enumerate(csv.reader(f), 1) if len(row) != len(summary.columns)), None)
+    except (OSError, ValueError, csv.Error) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
         raise HarnessError(f"{path}: not a summary table ({e})") from None
+    if short is not None:
+        raise HarnessError(f"{path}:{short}: not {len(summary.columns)} fields as the header (a truncated file?)")
     missing = [c for c in ("run_id", "framework", "seed", "reward_last10", "throughput_tok_s") if c not in summary]
     if missing:
         raise HarnessError(f"{path}: lacks column(s) {', '.join(missing)} (summarize again with this version)")
