@@ -143,6 +143,19 @@ def read_eval(path: Path) -> dict:
         raise HarnessError(f"{path}: not an eval record ({e})") from None
 
 
+def _each_readable(paths: list[Path], read: Callable[[Path], dict], partial: bool) -> list[dict]:
+    """read(path) for each path; with `partial`, one that raises HarnessError is left out and named on stderr."""
+    out = []
+    for path in paths:
+        try:
+            out.append(read(path))
+        except HarnessError as e:
+            if not partial:
+                raise
+            print(f"summarize: left out: {e}", file=sys.stderr)
+    return out
+
+
 def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int,
               efficiency: Callable[[pd.DataFrame], dict] | None = None, partial: bool = False) -> pd.DataFrame:
     """`efficiency`: (a run's metrics) -> summarize_run's efficiency record, or None for no MFU columns. `partial`:
@@ -150,30 +163,19 @@ def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: in
     pipeline run does, which marks that run failed itself; otherwise one such run fails the summary."""
     if not metric_files:
         raise HarnessError("summarize: no metrics files given")
-    rows = []
-    for path in metric_files:
-        try:
-            df = read_metrics(path)
-            rows.append(summarize_run(df, warmup_steps, efficiency(df) if efficiency else None))
-        except HarnessError as e:
-            if not partial:
-                raise
-            print(f"summarize: left out: {e}", file=sys.stderr)
+    def summary_row(path: Path) -> dict:
+        df = read_metrics(path)
+        return summarize_run(df, warmup_steps, efficiency(df) if efficiency else None)
+
+    rows = _each_readable(metric_files, summary_row, partial)
     if not rows:
         raise HarnessError("summarize: no run could be summarized")
     summary = pd.DataFrame(rows)
     if summary["run_id"].duplicated().any():
         twice = summary.loc[summary["run_id"].duplicated(), "run_id"].iloc[0]
         raise HarnessError(f"summarize: run {twice} given twice")
-    records = []
-    for p in eval_files:
-        try:
-            records.append(read_eval(p))
-        except HarnessError as e:
-            if not partial:
-                raise
-            print(f"summarize: left out: {e}", file=sys.stderr)
-    evals = pd.DataFrame(records, columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
+    evals = pd.DataFrame(_each_readable(eval_files, read_eval, partial),
+                         columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
     summary = summary.merge(evals, on="run_id", how="left")
     return summary.sort_values(["framework", "seed"], ignore_index=True)
 
