@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, run_cli
 
 from harness.io import write_json
-from harness.regression.ab import _seed_rows
+from harness.regression.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
 from harness.regression.paired import decide, t_quantile
 
 # One short config both arms run: 2 seeds of the reference backend, a few seconds a run; 60 steps so that a run's
@@ -95,6 +95,60 @@ def test_too_few_pairs_for_the_noise_is_inconclusive_with_the_pairs_needed():
     assert verdict["text"].startswith(f"inconclusive: about {verdict['more_pairs']} more pairs needed")
 
 
+def _probed_pairs(rng: np.random.Generator, ratio: float, probe_ratio: float, n: int = 12) -> list[dict]:
+    """Pairs as a shared CPU gives them: each run's machine speed drifts by up to 50%, slowing its steps and its probe
+    alike; B's code is `ratio` as fast as A's, and B's probe `probe_ratio` as fast."""
+    pairs = []
+    for _ in range(n):
+        speed = rng.uniform(1.0, 1.5, 2)  # each run's slowdown from the machine
+        probe = 1e-3 * speed * (1.0, 1 / probe_ratio) * rng.lognormal(0, 0.01, 2)
+        tokens = 1e4 / speed * (1.0, ratio) * rng.lognormal(0, 0.01, 2)
+        pairs.append({f"{arm}_{k}": v for i, arm in enumerate("AB") for k, v in (
+            ("throughput_tok_s", tokens[i]), (PROBE, probe[i]), (EQUAL_SPEED, tokens[i] * probe[i]))})
+    return pairs
+
+
+def test_the_machines_drift_cancels_at_equal_machine_speed_unless_the_probe_itself_tells_the_arms_apart():
+    rng = np.random.default_rng(11)
+    pairs = _probed_pairs(rng, 0.95, 1.0)
+    basis = decision_basis(pairs, True, 0.001)
+    assert basis == EQUAL_SPEED
+    verdict = decide([math.log(p[f"B_{basis}"] / p[f"A_{basis}"]) for p in pairs], alpha=0.01, looks=10,
+                     resolution=0.03, final=True)
+    assert verdict["verdict"] == "slower" and verdict["low"] < 0.05 < verdict["high"], verdict
+    raw = decide([math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]) for p in pairs], alpha=0.01, looks=10,
+                 resolution=0.03, final=True)
+    assert raw["verdict"] == "inconclusive"  # the same pairs as measured: the drift hides 5%
+    # B's probe twice as slow: the probe no longer measures only the machine, and dividing by it would cancel B's
+    # slowdown. A smaller change of the probe hides in the drift: probe_comparable keeps out every arm whose probe
+    # does other work (below); so is a run without a probe.
+    assert decision_basis(_probed_pairs(rng, 0.95, 0.5), True, 0.001) == "throughput_tok_s"
+    assert decision_basis(pairs, False, 0.001) == "throughput_tok_s"
+    assert decision_basis([{**pairs[0], f"B_{EQUAL_SPEED}": None}, *pairs[1:]], True, 0.001) == "throughput_tok_s"
+
+
+def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the_same_settings(tmp_path):
+    from harness.regression.ab import PROBE_MODULE, Arm, probe_comparable
+
+    def arm(label: str, probe_edit: tuple[str, str] | None = None, reference: dict | None = None) -> Arm:
+        tree = tmp_path / label
+        (tree / PROBE_MODULE).parent.mkdir(parents=True)
+        text = (REPO / PROBE_MODULE).read_text()
+        (tree / PROBE_MODULE).write_text(text.replace(*probe_edit) if probe_edit else text)
+        config = tmp_path / f"{label}.json"
+        config.write_text(json.dumps({"reference": reference or {"device": "cpu", "threads": 1}}))
+        return Arm(label, label, tree=tree, config=config)
+
+    a = arm("A")
+    assert probe_comparable((a, arm("B")), None)
+    assert not probe_comparable((a, arm("B2")), "verl-cpu")  # a planned framework's runs have no probe of ours
+    assert not probe_comparable((a, arm("B3", reference={"device": "cpu", "threads": 2})), None)
+    assert probe_comparable((a, arm("B4", ("The probe's operands", "Its operands"))), None)  # a comment only
+    assert not probe_comparable((a, arm("B5", ("for _ in range(8):", "for _ in range(9):"))), None)
+    wider = ("torch.randn(64, 64, generator=g)", "torch.randn(64, 96, generator=g)")
+    assert not probe_comparable((a, arm("B6", wider)), None)
+
+
 @pytest.fixture(scope="module")
 def two_commits(tmp_path_factory):
     """A clone of this repository's HEAD with one commit on top that makes the policy's forward pass slower."""
@@ -126,6 +180,9 @@ def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour
     assert [p["seed"] for p in record["pairs"]][:2] == [1, 2]
     tokens = next(r for r in record["phases"] if r["figure"] == "tokens/s")
     assert tokens["ratio"] < 1 and tokens["high"] < 1
+    # One harness environment, one reference section: decided at equal machine speed, the probe shown beside it.
+    assert record["decided_on"] == "tokens/s at equal machine speed" and record["verdict"]["basis"] == EQUAL_SPEED
+    assert {"tokens/s at equal machine speed", "machine-speed probe (time)"} <= {r["figure"] for r in record["phases"]}
     # The slower line changes no number the runs compute: each seed's curves are identical, only speed changed.
     assert record["behaviour"] and all(b["identical"] for b in record["behaviour"]), record["behaviour"]
     page = (out / "index.md").read_text()

@@ -111,7 +111,7 @@ def _ab_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--framework", help="the framework both arms run (default: the config's one framework)")
     sp.add_argument("--out", required=True)
     sp.add_argument("--seeds", type=seed_list, help="seeds, comma-separated (default: the config's)")
-    sp.add_argument("--max-pairs", type=int, default=12, help="hard cap on pairs (default: %(default)s)")
+    sp.add_argument("--max-pairs", type=int, default=30, help="hard cap on pairs (default: %(default)s)")
     sp.add_argument("--min-pairs", type=int, default=3, help="pairs before the first look (default: %(default)s)")
     sp.add_argument("--max-minutes", type=float, default=15.0, help="hard cap on time (default: %(default)s)")
     sp.add_argument("--resolution", type=float, default=0.03,
@@ -168,7 +168,7 @@ def _ab(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bisect(args: argparse.Namespace) -> None:
-    from harness.regression.ab import bisect
+    from harness.regression.bisect import bisect
 
     ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds" and v is not None]
     ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []

@@ -7,19 +7,20 @@ framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the con
 reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
 seeds from one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order
 (A B, B A, ...) so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod
-len(seeds). After each pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s; per-phase
-step times (generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward
-curves are compared step by step, so a change in behaviour is told apart from a change in speed.
+len(seeds). After each pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s, at equal
+machine speed where both arms' runs time the reference backend's probe alike (decision_basis); per-phase step times
+(generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves
+are compared step by step, so a change in behaviour is told apart from a change in speed.
 
-`remax-bench bisect GOOD BAD` drives `git bisect run` with this comparison against GOOD.
+`remax-bench bisect GOOD BAD` (harness.regression.bisect) drives `git bisect run` with this comparison.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,12 @@ OWNER = {"kind": "ab"}  # harness.io.OWNER: a later A/B may replace this one, no
 INPUT_SECTIONS = ("task", "policy", "reward")
 PHASES = {"throughput_tok_s": "tokens/s", "time_gen_s": "generation", "time_transition_s": "transition",
           "time_train_s": "training"}
+# The reference backend's machine-speed probe: a fixed torch workload timed after every step of a CPU run, which a
+# shared CPU's drift slows with the step and the run's own code cannot (harness.frameworks.reference.backend).
+PROBE = "time_probe_s"
+PROBE_MODULE = "harness/frameworks/reference/backend.py"
+EQUAL_SPEED = "throughput_equal_speed"
+FIGURES = {**PHASES, EQUAL_SPEED: "tokens/s at equal machine speed", PROBE: "machine-speed probe (time)"}
 EXIT = {"same": 0, "faster": 0, "not slower": 0, "slower": 1, "inconclusive": 4}
 
 
@@ -163,6 +170,12 @@ def _figures(run: Path, warmup: int) -> dict:
     medians = {k: float(measured[k].median()) for k in PHASES}
     if not math.isfinite(medians["throughput_tok_s"]):
         raise HarnessError(f"{run}: no tokens/s after warm-up step {warmup} ({len(steps)} steps): nothing to compare")
+    # Each step's tokens/s times the probe's seconds right after it: tokens per unit of machine speed. On a shared
+    # 2-core VM a process runs up to 1.5x slower than the next at the same commit for most of its life (its CPU time
+    # too); the probe slows with it, so this figure varies 4-5x less from run to run than tokens/s does.
+    probed = PROBE in measured and bool((measured[PROBE] > 0).all())
+    medians[PROBE] = float(measured[PROBE].median()) if probed else math.nan
+    medians[EQUAL_SPEED] = float((measured["throughput_tok_s"] * measured[PROBE]).median()) if probed else math.nan
     return {**{k: v if math.isfinite(v) else None for k, v in medians.items()}, "steps": steps}
 
 
@@ -173,7 +186,7 @@ def _inputs_of(run: Path) -> dict:
 
 def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: str | None = None,
             seeds: list[int] | None = None,
-            max_pairs: int = 12, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
+            max_pairs: int = 30, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
             alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print,
             render: Callable[[dict, Path], None] | None = None) -> dict:
     """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
@@ -245,9 +258,46 @@ def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
     return frozen["A"], framework, env
 
 
+def probe_code(tree: Path) -> str | None:
+    """The reference backend's probe as a checkout defines it (the method and the lines that make its operands), as
+    syntax trees; None where the checkout has none there."""
+    try:
+        module = ast.parse((tree / PROBE_MODULE).read_text())
+    except (OSError, SyntaxError):
+        return None
+    parts = [ast.dump(n) for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == "probe"]
+    parts += [ast.dump(n) for n in ast.walk(module)
+              if isinstance(n, ast.Assign) and any("_probe" in ast.unparse(t) for t in n.targets)]
+    return "\n".join(parts) if parts else None
+
+
+def probe_comparable(arms: tuple[Arm, Arm], env: str | None) -> bool:
+    """Whether the probe times the same work in both arms' runs: embedded in this harness's environment (one torch),
+    with the same settings for the reference backend (its threads and device) and the same probe code. Where the
+    probe's work differs, dividing by it would cancel a change of B's along with the machine's drift."""
+    sections = [json.loads(arm.config.read_text()).get("reference") for arm in arms]  # type: ignore[union-attr]
+    codes = [probe_code(arm.tree) for arm in arms]  # type: ignore[arg-type]
+    return env is None and sections[0] == sections[1] and codes[0] is not None and codes[0] == codes[1]
+
+
+def log_ratios(pairs: list[dict], figure: str) -> list[float]:
+    return [math.log(p[f"B_{figure}"] / p[f"A_{figure}"]) for p in pairs]
+
+
+def decision_basis(pairs: list[dict], comparable: bool, alpha: float) -> str:
+    """The figure the verdict is decided on: tokens/s at equal machine speed where the probe times the same work in
+    both arms (probe_comparable), every run timed it, and its own times do not tell the arms apart at `alpha` (a
+    change that slowed the probe too would cancel out of that figure); otherwise tokens/s as measured."""
+    if comparable and all(p[f"{arm}_{EQUAL_SPEED}"] for p in pairs for arm in "AB"):
+        _, lo, hi = interval(log_ratios(pairs, PROBE), alpha)
+        if lo <= 0 <= hi:
+            return EQUAL_SPEED
+    return "throughput_tok_s"
+
+
 def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, seeds: list[int], tmp: Path,
            logs: Path, limits: tuple[int, int, float, float, float, float | None], started: float,
-           say: Callable[[str], None]) -> tuple[list[dict], dict]:
+           say: Callable[[str], None], comparable: bool = False) -> tuple[list[dict], dict]:
     """Pairs of runs in ABBA order, pair k on seed k mod len(seeds), until paired.decide stops them (from the
     `min_pairs`-th pair on) or the pairs or minutes run out. Returns the pairs and the last verdict."""
     a, b = arms
@@ -267,14 +317,15 @@ def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, s
             raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
                                f"{figures['A']['inputs']} against {figures['B']['inputs']})")
         pairs.append({"pair": k + 1, "seed": seed, "order": "".join(arm.label for arm in order),
-                      **{f"{arm}_{p}": figures[arm][p] for arm in "AB" for p in PHASES},
+                      **{f"{arm}_{p}": figures[arm][p] for arm in "AB" for p in FIGURES},
                       "steps": {arm: figures[arm]["steps"] for arm in "AB"}})
         done = len(pairs)
         final = done == max_pairs or (time.monotonic() - started) / 60 >= max_minutes
         if done >= min_pairs or final:  # the time cap may come first: then it is inconclusive
-            verdict = decide([math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]) for p in pairs],
-                             alpha=alpha, looks=max_pairs - min_pairs + 1, resolution=resolution, final=final,
-                             split=split)
+            looks = max_pairs - min_pairs + 1
+            basis = decision_basis(pairs, comparable, alpha / looks)
+            verdict = {**decide(log_ratios(pairs, basis), alpha=alpha, looks=looks, resolution=resolution,
+                                final=final, split=split), "basis": basis}
             say(f"remax-bench ab: pair {done} (seed {seed}, {pairs[-1]['order']}): {verdict['text']}")
             if verdict["verdict"] != "continue":
                 break
@@ -297,7 +348,8 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     for what in ("dataset", "policy", "reward"):
         _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
     started = time.monotonic()
-    pairs, verdict = _pairs(arms, framework, env is not None, frozen, seeds, tmp, logs, limits, started, say)
+    pairs, verdict = _pairs(arms, framework, env is not None, frozen, seeds, tmp, logs, limits, started, say,
+                            probe_comparable(arms, env))
     looks_alpha = alpha / (max_pairs - min_pairs + 1)
     return {
         "framework": framework,
@@ -307,7 +359,8 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         "max_pairs": max_pairs, "max_minutes": max_minutes, "minutes": (time.monotonic() - started) / 60,
         "seeds": seeds,
         "pairs": [{k: v for k, v in p.items() if k != "steps"} for p in pairs],
-        "phases": _phase_rows(pairs, looks_alpha), "per_seed": _seed_rows(pairs, looks_alpha),
+        "phases": _phase_rows(pairs, looks_alpha),
+        "per_seed": _seed_rows(pairs, looks_alpha, verdict["basis"]), "decided_on": FIGURES[verdict["basis"]],
         "behaviour": _behaviour(pairs),
         "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},
@@ -327,7 +380,7 @@ def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:
 def _phase_rows(pairs: list[dict], alpha: float) -> list[dict]:
     """B/A per phase over all pairs (a time ratio above 1, or a tokens/s ratio below 1, is B slower)."""
     rows = []
-    for p, name in PHASES.items():
+    for p, name in FIGURES.items():
         ratios = [math.log(x[f"B_{p}"] / x[f"A_{p}"]) for x in pairs
                   if (x[f"A_{p}"] or 0) > 0 and (x[f"B_{p}"] or 0) > 0]
         if ratios:
@@ -335,11 +388,11 @@ def _phase_rows(pairs: list[dict], alpha: float) -> list[dict]:
     return rows
 
 
-def _seed_rows(pairs: list[dict], alpha: float) -> list[dict]:
+def _seed_rows(pairs: list[dict], alpha: float, figure: str = "throughput_tok_s") -> list[dict]:
     by_seed: dict[int, list[float]] = {}
     for p in pairs:
-        by_seed.setdefault(p["seed"], []).append(math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]))
-    return [{"seed": s, **_ratio_row("tokens/s", r, alpha)} for s, r in sorted(by_seed.items())]
+        by_seed.setdefault(p["seed"], []).append(math.log(p[f"B_{figure}"] / p[f"A_{figure}"]))
+    return [{"seed": s, **_ratio_row(FIGURES[figure], r, alpha)} for s, r in sorted(by_seed.items())]
 
 
 def _behaviour(pairs: list[dict]) -> list[dict]:
@@ -350,63 +403,3 @@ def _behaviour(pairs: list[dict]) -> list[dict]:
         first.setdefault(p["seed"], p["steps"])
     return [{"seed": s, "text": verdict_text(d := first_divergence(runs["A"], runs["B"])), "identical": d is None}
             for s, runs in sorted(first.items())]
-
-
-def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: list[str],
-           say: Callable[[str], None] = print) -> dict:
-    """The first commit between GOOD and BAD that is slow, by `git bisect run` in a worktree of its own; each round's
-    comparison is kept in out/rounds/<commit>.
-
-    Round 0 is `ab` of GOOD against BAD, which must call BAD slower: its slowdown D sets the question each later round
-    asks of a commit, whether it is slower than GOOD by more than half of D (in log terms), which a noisy machine
-    answers in far fewer pairs than "no difference at all"."""
-    repo, out = repo.resolve(), out.resolve()
-    for label, ref in (("GOOD", good), ("BAD", bad)):
-        resolve_arm(Arm(label, ref), repo, out)
-    good_commit, bad_commit = git(repo, "rev-parse", good), git(repo, "rev-parse", bad)
-    with atomic_path(out, owner={"kind": "bisect"}) as tmp:
-        tmp.mkdir()
-        tree = tmp / "tree"
-        (tmp / "rounds").mkdir()
-        git(repo, "worktree", "add", "--detach", str(tree), bad_commit)
-        # The driver is this checkout's harness, whatever commit the bisection has checked out in `tree` (the current
-        # directory there: -P keeps it off the import path).
-        here, q = Path(__file__).resolve().parents[2], shlex.quote
-
-        def step(extra: list[str]) -> str:
-            return (f"c=$(git rev-parse HEAD); PYTHONPATH={q(str(here))} {q(sys.executable)} -P -m harness.cli ab "
-                    f"--a {good_commit} --b \"$c\" --config {q(str(config.resolve()))} "
-                    f"--out {q(str(tmp / 'rounds'))}/\"$c\" {' '.join(map(q, ab_args + extra))}; "
-                    "rc=$?; [ $rc -eq 4 ] && exit 125; [ $rc -ge 2 ] && exit 128; exit $rc")
-
-        try:
-            first = subprocess.run(["sh", "-c", step([])], cwd=tree, capture_output=True, text=True)
-            bad_record = tmp / "rounds" / bad_commit / RECORD
-            if first.returncode != 1 or not bad_record.is_file():
-                raise HarnessError(f"bisect: BAD ({bad_commit[:12]}) is not shown slower than GOOD "
-                                   f"({good_commit[:12]}), nothing to bisect:\n{(first.stdout + first.stderr)[-2000:]}")
-            split = 1 - math.sqrt(1 - json.loads(bad_record.read_text())["verdict"]["change"])
-            say(f"remax-bench bisect: BAD is slower; each commit is placed against a slowdown of {100 * split:.1f}%")
-            git(tree, "bisect", "start", bad_commit, good_commit)
-            proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "sh", "-c", step([f"--split={split}"])],
-                                  capture_output=True, text=True)
-            (tmp / "bisect.log").write_text(first.stdout + first.stderr + proc.stdout + proc.stderr)
-            found = [line.split()[0] for line in proc.stdout.splitlines() if line.endswith("is the first bad commit")]
-            git(tree, "bisect", "reset")
-        finally:
-            git(repo, "worktree", "remove", "--force", str(tree))
-        if proc.returncode or not found:
-            raise HarnessError(f"bisect: git bisect run did not name a first slow commit (exit {proc.returncode}):\n"
-                               f"{(proc.stdout + proc.stderr)[-2000:]}")
-        rounds = []
-        for d in sorted((tmp / "rounds").iterdir(), key=lambda p: p.stat().st_mtime):
-            rec = json.loads((d / RECORD).read_text())
-            rounds.append({"commit": d.name, "verdict": rec["verdict"]["text"], "pairs": len(rec["pairs"])})
-        record = {"good": good_commit, "bad": bad_commit, "first_slow": found[0], "split": split,
-                  "subject": git(repo, "log", "-1", "--format=%s", found[0]),
-                  "verdict": next(r["verdict"] for r in rounds if r["commit"] == found[0]), "rounds": rounds}
-        write_json(tmp / "bisect.json", record)
-        say(f"remax-bench bisect: first slow commit {found[0][:12]} ({record['subject']}): {record['verdict']}; "
-            f"{len(rounds) - 1} A/B rounds after the first (GOOD against BAD), {sum(r['pairs'] for r in rounds)} "
-            "pairs in all")
-    return record

@@ -43,6 +43,10 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
 
 
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1000 * seconds:.3f}"
+
+
 def page(record: dict) -> str:
     v = record["verdict"]
     arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
@@ -53,8 +57,13 @@ def page(record: dict) -> str:
     changed = package_changes(record)
     arms += ["", "Packages that differ between the arms' environments (A -> B): "
              + ", ".join(f"{k} {va} -> {vb}" for k, (va, vb) in changed.items())] if changed else []
+    decided = record.get("decided_on", "tokens/s")
+    basis = (f"Decided on {decided}: each step's tokens/s times the machine-speed probe timed right after it, so "
+             "that the shared machine's drift, which slows the probe with the step, cancels; a slower line in the "
+             "run's own code leaves the probe as it was." if decided != "tokens/s" else
+             "Decided on tokens/s as measured (no machine-speed probe comparable between the arms).")
     lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
-             *arms, "",
+             basis, "", *arms, "",
              f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
              f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
              f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "
@@ -64,16 +73,18 @@ def page(record: dict) -> str:
              "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]
     lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
               for r in record["phases"]]
-    lines += ["", "## tokens/s per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
+    lines += ["", f"## {decided} per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
     lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
               for r in record["per_seed"]]
     lines += ["", "## Behaviour (B's first run of each seed against A's, step by step)", ""]
     lines += [f"- seed {r['seed']}: {r['text']}" + ("" if r["identical"] else " (a change in behaviour, not only "
                                                                                 "in speed)")
               for r in record["behaviour"]]
-    lines += ["", "## Pairs", "", "| pair | seed | order | A tokens/s | B tokens/s |", "|---:|---:|---|---:|---:|"]
+    lines += ["", "## Pairs", "", "| pair | seed | order | A tokens/s | B tokens/s | A probe (ms) | B probe (ms) |",
+              "|---:|---:|---|---:|---:|---:|---:|"]
     lines += [f"| {p['pair']} | {p['seed']} | {p['order']} | {p['A_throughput_tok_s']:.0f} | "
-              f"{p['B_throughput_tok_s']:.0f} |" for p in record["pairs"]]
+              f"{p['B_throughput_tok_s']:.0f} | {_ms(p.get('A_time_probe_s'))} | {_ms(p.get('B_time_probe_s'))} |"
+              for p in record["pairs"]]
     lines += ["", f"![B against A]({FIGURE})", ""]
     return "\n".join(lines)
 

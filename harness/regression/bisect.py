@@ -1,0 +1,76 @@
+"""`remax-bench bisect GOOD BAD`: the first slow commit between GOOD and BAD, found by `git bisect run` with the A/B
+against GOOD (harness.regression.ab; docs/regression.md, "Is B slower than A?")."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from harness import HarnessError
+from harness.io import atomic_path, write_json
+from harness.regression.ab import RECORD, Arm, git, resolve_arm
+
+
+def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: list[str],
+           say: Callable[[str], None] = print) -> dict:
+    """The first commit between GOOD and BAD that is slow, by `git bisect run` in a worktree of its own; each round's
+    comparison is kept in out/rounds/<commit>.
+
+    Round 0 is `ab` of GOOD against BAD, which must call BAD slower: its slowdown D sets the question each later round
+    asks of a commit, whether it is slower than GOOD by more than half of D (in log terms), which a noisy machine
+    answers in far fewer pairs than "no difference at all"."""
+    repo, out = repo.resolve(), out.resolve()
+    for label, ref in (("GOOD", good), ("BAD", bad)):
+        resolve_arm(Arm(label, ref), repo, out)
+    good_commit, bad_commit = git(repo, "rev-parse", good), git(repo, "rev-parse", bad)
+    with atomic_path(out, owner={"kind": "bisect"}) as tmp:
+        tmp.mkdir()
+        tree = tmp / "tree"
+        (tmp / "rounds").mkdir()
+        git(repo, "worktree", "add", "--detach", str(tree), bad_commit)
+        # The driver is this checkout's harness, whatever commit the bisection has checked out in `tree` (the current
+        # directory there: -P keeps it off the import path).
+        here, q = Path(__file__).resolve().parents[2], shlex.quote
+
+        def step(extra: list[str]) -> str:
+            return (f"c=$(git rev-parse HEAD); PYTHONPATH={q(str(here))} {q(sys.executable)} -P -m harness.cli ab "
+                    f"--a {good_commit} --b \"$c\" --config {q(str(config.resolve()))} "
+                    f"--out {q(str(tmp / 'rounds'))}/\"$c\" {' '.join(map(q, ab_args + extra))}; "
+                    "rc=$?; [ $rc -eq 4 ] && exit 125; [ $rc -ge 2 ] && exit 128; exit $rc")
+
+        try:
+            first = subprocess.run(["sh", "-c", step([])], cwd=tree, capture_output=True, text=True)
+            bad_record = tmp / "rounds" / bad_commit / RECORD
+            if first.returncode != 1 or not bad_record.is_file():
+                raise HarnessError(f"bisect: BAD ({bad_commit[:12]}) is not shown slower than GOOD "
+                                   f"({good_commit[:12]}), nothing to bisect:\n{(first.stdout + first.stderr)[-2000:]}")
+            split = 1 - math.sqrt(1 - json.loads(bad_record.read_text())["verdict"]["change"])
+            say(f"remax-bench bisect: BAD is slower; each commit is placed against a slowdown of {100 * split:.1f}%")
+            git(tree, "bisect", "start", bad_commit, good_commit)
+            proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "sh", "-c", step([f"--split={split}"])],
+                                  capture_output=True, text=True)
+            (tmp / "bisect.log").write_text(first.stdout + first.stderr + proc.stdout + proc.stderr)
+            found = [line.split()[0] for line in proc.stdout.splitlines() if line.endswith("is the first bad commit")]
+            git(tree, "bisect", "reset")
+        finally:
+            git(repo, "worktree", "remove", "--force", str(tree))
+        if proc.returncode or not found:
+            raise HarnessError(f"bisect: git bisect run did not name a first slow commit (exit {proc.returncode}):\n"
+                               f"{(proc.stdout + proc.stderr)[-2000:]}")
+        rounds = []
+        for d in sorted((tmp / "rounds").iterdir(), key=lambda p: p.stat().st_mtime):
+            rec = json.loads((d / RECORD).read_text())
+            rounds.append({"commit": d.name, "verdict": rec["verdict"]["text"], "pairs": len(rec["pairs"])})
+        record = {"good": good_commit, "bad": bad_commit, "first_slow": found[0], "split": split,
+                  "subject": git(repo, "log", "-1", "--format=%s", found[0]),
+                  "verdict": next(r["verdict"] for r in rounds if r["commit"] == found[0]), "rounds": rounds}
+        write_json(tmp / "bisect.json", record)
+        say(f"remax-bench bisect: first slow commit {found[0][:12]} ({record['subject']}): {record['verdict']}; "
+            f"{len(rounds) - 1} A/B rounds after the first (GOOD against BAD), {sum(r['pairs'] for r in rounds)} "
+            "pairs in all")
+    return record
