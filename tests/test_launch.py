@@ -152,3 +152,25 @@ def test_a_plan_record_of_the_wrong_types_is_refused_where_it_is_written_and_whe
     with pytest.raises(HarnessError, match=r"plan.json: not a plan.json \(run_id is int 7, not str\)"):
         launch(d, tmp_path / "run", 1, {"remax": {"steps": 1}})
     assert not (d / "ran").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_greedy_evaluation_record_is_read_by_one_reader_that_names_its_writer(tmp_path):
+    """DeepSpeed-Chat's launcher, TRL's trainer and OpenRLHF's greedy_eval.py write the same record; one reader turns
+    it into the run's eval.json record, and refuses a record cut short naming the file and what should have written
+    it."""
+    from harness.frameworks.registry import greedy_evaluation
+
+    d = plan(tmp_path, "")
+    assert greedy_evaluation(d / "eval.json", "demo", "demo's launcher", "demo's decoding") is None
+    point = {"greedy_accuracy": 0.25, "reward_mean": 0.5}
+    (d / "eval.json").write_text(json.dumps({"before": {**point, "responses": [{"prompt": "1+1=", "response": "2"}]},
+                                             "after": point}))
+    record = greedy_evaluation(d / "eval.json", "demo", "demo's launcher", "demo's decoding")
+    assert record["run_id"] == "demo-s1" and record["after"] == point and record["source"] == "demo's decoding"
+    assert record["before"]["responses"] == [{"prompt": "1+1=", "response": "2"}]
+    (d / "eval.json").write_text(json.dumps({"before": point}))
+    with pytest.raises(HarnessError, match=r"eval.json: not demo's launcher's evaluation record \(KeyError\('after'\)"):
+        greedy_evaluation(d / "eval.json", "demo", "demo's launcher", "demo's decoding")
+    (d / "eval.json").write_text('{"before": ')
+    with pytest.raises(HarnessError, match=r"eval.json: demo's launcher's evaluation record is not valid JSON"):
+        greedy_evaluation(d / "eval.json", "demo", "demo's launcher", "demo's decoding")

@@ -279,3 +279,21 @@ def run_plan(log: Path, framework: str) -> dict:
     if plan["framework"] != framework:
         raise HarnessError(f"{path}: planned for framework {plan['framework']!r}, not {framework!r}")
     return plan
+
+
+def greedy_evaluation(path: Path, framework: str, writer: str, source: str) -> dict | None:
+    """A run's eval.json record from the greedy-evaluation record `writer` left at `path` (None where it left none):
+    greedy accuracy and reward mean before and after training, and the "before" responses where it keeps them (the
+    step-0 agreement with the reference backend compares them). A record without them is refused naming `writer`."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    record = read_json_object(path, f"{writer}'s evaluation record")
+    try:
+        points: dict[str, dict] = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
+                                       "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
+        if "responses" in record["before"]:
+            points["before"]["responses"] = list(record["before"]["responses"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise HarnessError(f"{path}: not {writer}'s evaluation record ({e!r})") from None
+    return {"run_id": run_plan(path, framework)["run_id"], "split": "eval", "source": source, **points}

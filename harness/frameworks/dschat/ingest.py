@@ -16,7 +16,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.dschat.launcher import EVAL_LOG
 from harness.frameworks.dschat.plan import NAME
-from harness.frameworks.registry import PLAN_IDENTITY, run_plan
+from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
 from harness.results import metrics
 
 ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batch size x configured lengths
@@ -120,20 +120,8 @@ def _is_json_lines(path: Path) -> bool:
 def evaluation(run_dir: Path) -> dict | None:
     """Eval greedy accuracy before and after training: the launcher's greedy evaluation of the initial and the saved
     actor (reward_client.greedy_evaluation; DeepSpeed-Chat itself evaluates sampled rewards only)."""
-    path = Path(run_dir) / EVAL_LOG
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-        points = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
-                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
-        if "responses" in record["before"]:
-            points["before"]["responses"] = record["before"]["responses"]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise HarnessError(f"{path}: not the launcher's evaluation record ({e!r})") from None
-    return {"run_id": run_plan(path, NAME)["run_id"], "split": "eval",
-            "source": "greedy decoding of the initial and the saved actor by the launcher (Transformers generate)",
-            **points}
+    return greedy_evaluation(Path(run_dir) / EVAL_LOG, NAME, "the launcher", "greedy decoding of the initial and "
+                             "the saved actor by the launcher (Transformers generate)")
 
 
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:

@@ -17,8 +17,7 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.openrlhf.plan import LOG, NAME, REMAX_DIR
-from harness.frameworks.registry import run_plan
-from harness.io import read_json_object
+from harness.frameworks.registry import greedy_evaluation, run_plan
 from harness.results import metrics
 from harness.runtime import envs
 
@@ -125,13 +124,5 @@ def evaluation(run_dir: Path) -> dict | None:
     if proc.returncode:
         raise HarnessError(f"{GREEDY_EVAL.name} failed on {run_dir} (exit {proc.returncode}):\n"
                            + (proc.stdout + proc.stderr)[-3000:])
-    record = read_json_object(out, "greedy evaluation record")
-    try:
-        points: dict[str, dict[str, Any]] = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
-                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
-        points["before"]["responses"] = list(record["before"]["responses"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise HarnessError(f"{out}: not greedy_eval.py's record ({e!r})") from None
-    return {"run_id": plan_["run_id"], "split": "eval",
-            "source": "greedy decoding by vLLM of the initial policy and of OpenRLHF's saved actor (greedy_eval.py)",
-            **points}
+    return greedy_evaluation(out, NAME, GREEDY_EVAL.name, "greedy decoding by vLLM of the initial policy and of "
+                             "OpenRLHF's saved actor (greedy_eval.py)")

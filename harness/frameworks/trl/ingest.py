@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.registry import PLAN_IDENTITY, run_plan
+from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
 from harness.frameworks.trl.plan import EVAL_LOG, NAME, STEPS_LOG, TRL_LOG
 from harness.results import metrics
 
@@ -66,16 +66,5 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
 
 
 def evaluation(run_dir: Path) -> dict | None:
-    path = Path(run_dir) / EVAL_LOG
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-        points = {k: {"greedy_accuracy": float(record[k]["greedy_accuracy"]),
-                      "reward_mean": float(record[k]["reward_mean"])} for k in ("before", "after")}
-        points["before"]["responses"] = record["before"]["responses"]
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise HarnessError(f"{path}: not the trainer's evaluation record ({e!r})") from None
-    return {"run_id": run_plan(path, NAME)["run_id"], "split": "eval",
-            "source": "greedy decoding of the initial and the trained policy by remax_trl.py (Transformers generate)",
-            **points}
+    return greedy_evaluation(Path(run_dir) / EVAL_LOG, NAME, "the trainer", "greedy decoding of the initial and the "
+                             "trained policy by remax_trl.py (Transformers generate)")
