@@ -5,8 +5,9 @@ OpenRLHF 0.11.2 evaluates only after training steps (ppo_trainer.py: global_step
 saved (--ckpt.output_dir, the run directory's ckpt/), with the requests the ReMax agent makes: BOS as the shared
 tokenizer adds it, the response budget of --rollout.max_new_tokens, min_tokens as in the agent. Scored by the task's
 exact match (harness.reward.correct) and the shared rule reward. The "before" responses are what step-0 agreement
-compares with the reference backend's. Run with the run's environment (harness.frameworks.openrlhf.evaluation), after
-the run: nothing here is timed.
+compares with the reference backend's. Run with the run's environment (harness.frameworks.openrlhf.ingest.evaluation),
+after the run: nothing here is timed. On a CPU plan the layer's patched reload_weights packs the tied output layer
+again after loading the saved actor (harness/frameworks/openrlhf/cpu).
 
 Usage: python greedy_eval.py RUN_DIR OUT_JSON
 """

@@ -3,7 +3,7 @@
 sitecustomize calls install() in every Python process of that environment where REMAX_BENCH_OPENRLHF_CPU=1 (only a
 CPU plan's launch.sh sets it). Each patch waits until OpenRLHF, Ray or vLLM imports the module it changes, so a
 process that never imports one is left alone. What each part gets past is written where it is done; the same list,
-with its cost to the figures, is harness.frameworks.openrlhf.CPU_SETTINGS, which plan.json and the report show.
+with its cost to the figures, is harness.frameworks.openrlhf.plan.CPU_SETTINGS, which plan.json and the report show.
 """
 
 from __future__ import annotations

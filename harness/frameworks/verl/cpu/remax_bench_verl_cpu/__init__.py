@@ -3,7 +3,7 @@
 verl and vLLM load it through their own plugin entry points (`verl.plugins`, `vllm.general_plugins`) in every
 process they start: the driver, Ray's workers, vLLM's engine core. It changes nothing unless VERL_PLATFORM=cpu,
 which only a CPU plan's launch.sh sets. What each part gets past is written where it is done; the same list, with
-its cost to the figures, is in harness.frameworks.verl.CPU_DEVIATIONS, which plan.json and the report show.
+its cost to the figures, is in harness.frameworks.verl.plan.CPU_SETTINGS, which plan.json and the report show.
 """
 
 import os
