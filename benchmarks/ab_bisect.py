@@ -3,9 +3,10 @@
     python benchmarks/ab_bisect.py [--slow 5] [--commits 8] [--out DIR]
 
 Clones this repository's HEAD, adds --commits commits on top (each appends a line to a scratch file; commit --slow
-also adds a needless decomposition to the policy's forward pass, as tests/test_ab.py does), then runs
-`remax-bench bisect GOOD BAD` over them with the A/B config of tests/test_ab.py and prints the commit it names, whether
-it is the planted one, the rounds, pairs and minutes. Nothing else should run on the machine meanwhile.
+also adds a needless decomposition to the policy's forward pass, as tests/test_ab.py does), then does what a nightly
+alert asks: `remax-bench ab GOOD BAD`, then `remax-bench bisect GOOD BAD --confirmed-by` that A/B, with the A/B config
+of tests/test_ab.py, and prints the commit it names, whether it is the planted one, the bisection rounds, pairs and
+minutes. Nothing else should run on the machine meanwhile.
 """
 
 from __future__ import annotations
@@ -52,18 +53,26 @@ def main() -> int:
         config = root / "ab.yaml"
         config.write_text(yaml.safe_dump(AB_CONFIG))
         out = Path(args.out) if args.out else root / "bisect"
+        cli = str(Path(sys.executable).parent / "remax-bench")
+        limits = ["--config", str(config), "--max-pairs", "8"]
         started = time.monotonic()
-        proc = subprocess.run([str(Path(sys.executable).parent / "remax-bench"), "bisect", f"HEAD~{args.commits}",
-                               "HEAD", "--config", str(config), "--out", str(out), "--max-pairs", "8"], cwd=clone,
-                              capture_output=True, text=True)
+        # As after a nightly alert: the `ab` of GOOD against BAD it prints first, then bisect reusing that A/B.
+        confirm = subprocess.run([cli, "ab", "--a", f"HEAD~{args.commits}", "--b", "HEAD", *limits, "--out",
+                                  str(root / "confirm")], cwd=clone, capture_output=True, text=True)
+        print(confirm.stdout + confirm.stderr)
+        if confirm.returncode != 1:
+            return 2
+        proc = subprocess.run([cli, "bisect", f"HEAD~{args.commits}", "HEAD", *limits, "--confirmed-by",
+                               str(root / "confirm"), "--out", str(out)], cwd=clone, capture_output=True, text=True)
         minutes = (time.monotonic() - started) / 60
         print(proc.stdout + proc.stderr)
         if proc.returncode:
             return proc.returncode
         record = json.loads((out / "bisect.json").read_text())
         print(f"named {record['first_slow'][:12]}, planted {planted[:12]}: "
-              f"{'found' if record['first_slow'] == planted else 'WRONG'}; {len(record['rounds'])} A/B rounds, "
-              f"{sum(r['pairs'] for r in record['rounds'])} pairs, {minutes:.1f} min")
+              f"{'found' if record['first_slow'] == planted else 'WRONG'}; {len(record['rounds']) - 1} bisection "
+              f"rounds after the confirming A/B, {sum(r['pairs'] for r in record['rounds'])} pairs in all, "
+              f"{minutes:.1f} min in all")
         for r in record["rounds"]:
             print(f"  {r['commit'][:12]}: {r['verdict']}")
         return 0 if record["first_slow"] == planted else 1

@@ -4,9 +4,11 @@ before anything runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 import yaml
 from conftest import REPO, run_cli
 
+from harness import HarnessError
 from harness.io import write_json
 from harness.regression.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
 from harness.regression.paired import decide, t_quantile
@@ -297,3 +300,38 @@ def test_the_snakemake_target_passes_the_framework_and_the_arms_environments_to_
         in proc.stdout, proc.stdout[-3000:]
     proc = snakemake(tmp_path, "-n", "ab", "--configfile", micro, "--config", "ab={a: HEAD, b_env: [x]}")
     assert proc.returncode != 0 and "ab must name both arms" in proc.stdout + proc.stderr
+
+
+def test_bisect_takes_a_confirming_ab_as_its_first_round_only_if_it_compared_good_and_bad_as_bisect_would(tmp_path):
+    """`bisect GOOD BAD --confirmed-by DIR` (what a nightly alert prints after its `ab`) reuses that A/B instead of
+    running GOOD against BAD again; any A/B of other commits, config, override, environment or verdict is refused,
+    naming what differs."""
+    from harness.regression.bisect import confirmed
+
+    config = tmp_path / "ab.yaml"
+    config.write_text(yaml.safe_dump(AB_CONFIG))
+    good, bad = "a" * 40, "b" * 40
+    record = {"framework": "reference", "verdict": {"verdict": "slower", "text": "B is 70.0% slower"},
+              "arms": {"A": {"commit": good, "override": {}}, "B": {"commit": bad, "override": {}}},
+              "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+              "command": f"remax-bench ab --framework reference --a {good} --b {bad} --config {config} --out x"}
+
+    def check(**changes):
+        ab = tmp_path / "ab"
+        ab.mkdir(exist_ok=True)
+        (ab / "ab.json").write_text(json.dumps({**record, **changes}))
+        return confirmed(ab, good, bad, config, "reference")
+
+    assert check()["verdict"]["verdict"] == "slower"
+    refused = {
+        "arm B ran cccccccccccc, not bbbbbbbbbbbb": {"arms": {**record["arms"], "B": {"commit": "c" * 40}}},
+        "arm A had a config override": {"arms": {**record["arms"], "A": {"commit": good, "override": {"x": 1}}}},
+        "an arm ran an environment of its own": {"command": record["command"] + " --b-env dschat-cpu=x.txt"},
+        "it ran another config than": {"config_sha256": "0" * 64},
+        "it ran verl, not reference": {"framework": "verl"},
+        "its verdict is 'no difference larger than 2.0%', not slower": {
+            "verdict": {"verdict": "same", "text": "no difference larger than 2.0%"}},
+    }
+    for message, changes in refused.items():
+        with pytest.raises(HarnessError, match=re.escape(message)):
+            check(**changes)

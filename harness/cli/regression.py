@@ -172,7 +172,8 @@ def cmd_bisect(args: argparse.Namespace) -> None:
 
     ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds" and v is not None]
     ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []
-    bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args)
+    bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args,
+           confirmed_by=Path(args.confirmed_by) if args.confirmed_by else None, framework=args.framework)
 
 
 def _bisect(sub: argparse._SubParsersAction) -> None:
@@ -180,6 +181,8 @@ def _bisect(sub: argparse._SubParsersAction) -> None:
                                        "(git bisect run)")
     sp.add_argument("good")
     sp.add_argument("bad")
+    sp.add_argument("--confirmed-by", metavar="AB_DIR", help="an `ab` of GOOD against BAD under this config that "
+                                                            "called BAD slower: its round 0, not run again")
     _ab_options(sp)
     sp.set_defaults(func=cmd_bisect)
 

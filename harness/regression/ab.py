@@ -18,6 +18,7 @@ are compared step by step, so a change in behaviour is told apart from a change 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import math
 import os
@@ -364,6 +365,7 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         "behaviour": _behaviour(pairs),
         "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
         "command": " ".join(["remax-bench", "ab", "--framework", framework, "--a", a.commit, "--b", b.commit,
                              *(f"--{arm.label.lower()}-env {n}={p}" for arm in (a, b) for n, p in arm.envs.items()),
                              "--config", str(config), "--out", str(out)]),

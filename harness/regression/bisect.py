@@ -3,31 +3,63 @@ against GOOD (harness.regression.ab; docs/regression.md, "Is B slower than A?").
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import atomic_path, write_json
+from harness.io import atomic_path, read_json_object, write_json
 from harness.regression.ab import RECORD, Arm, git, resolve_arm
 
 
+def confirmed(path: Path, good: str, bad: str, config: Path, framework: str | None) -> dict:
+    """The record of an `ab` of GOOD against BAD that stands for bisect's round 0 (`--confirmed-by`, the A/B a
+    nightly alert asks for first): the same commits and config file, no override or other environment, the same
+    framework, and "slower". Anything else is refused, naming what differs."""
+    record = read_json_object(path / RECORD, "the A/B record (--confirmed-by)")
+    arms, problems = record.get("arms") or {}, []
+    for label, commit in (("A", good), ("B", bad)):
+        ran = str((arms.get(label) or {}).get("commit"))
+        if ran != commit:
+            problems.append(f"arm {label} ran {ran[:12]}, not {commit[:12]}")
+        if (arms.get(label) or {}).get("override"):
+            problems.append(f"arm {label} had a config override")
+    if "-env " in str(record.get("command")):
+        problems.append("an arm ran an environment of its own (--a-env/--b-env)")
+    if record.get("config_sha256") != hashlib.sha256(config.read_bytes()).hexdigest():
+        problems.append(f"it ran another config than {config} (sha256)")
+    if framework and record.get("framework") != framework:
+        problems.append(f"it ran {record.get('framework')}, not {framework}")
+    if (record.get("verdict") or {}).get("verdict") != "slower":
+        problems.append(f"its verdict is {(record.get('verdict') or {}).get('text')!r}, not slower")
+    if problems:
+        raise HarnessError(f"bisect --confirmed-by {path}: not an A/B that calls BAD slower than GOOD: "
+                           + "; ".join(problems))
+    return record
+
+
 def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: list[str],
-           say: Callable[[str], None] = print) -> dict:
+           say: Callable[[str], None] = print, confirmed_by: Path | None = None,
+           framework: str | None = None) -> dict:
     """The first commit between GOOD and BAD that is slow, by `git bisect run` in a worktree of its own; each round's
     comparison is kept in out/rounds/<commit>.
 
     Round 0 is `ab` of GOOD against BAD, which must call BAD slower: its slowdown D sets the question each later round
     asks of a commit, whether it is slower than GOOD by more than half of D (in log terms), which a noisy machine
-    answers in far fewer pairs than "no difference at all"."""
+    answers in far fewer pairs than "no difference at all". `confirmed_by`: an `ab` of GOOD against BAD already run
+    (checked by `confirmed`) is round 0, and is not run again."""
     repo, out = repo.resolve(), out.resolve()
     for label, ref in (("GOOD", good), ("BAD", bad)):
         resolve_arm(Arm(label, ref), repo, out)
     good_commit, bad_commit = git(repo, "rev-parse", good), git(repo, "rev-parse", bad)
+    if confirmed_by is not None:
+        confirmed(confirmed_by, good_commit, bad_commit, config, framework)
     with atomic_path(out, owner={"kind": "bisect"}) as tmp:
         tmp.mkdir()
         tree = tmp / "tree"
@@ -44,17 +76,22 @@ def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: li
                     "rc=$?; [ $rc -eq 4 ] && exit 125; [ $rc -ge 2 ] && exit 128; exit $rc")
 
         try:
-            first = subprocess.run(["sh", "-c", step([])], cwd=tree, capture_output=True, text=True)
+            if confirmed_by is None:
+                first = subprocess.run(["sh", "-c", step([])], cwd=tree, capture_output=True, text=True)
+                head, slower = first.stdout + first.stderr, first.returncode == 1
+            else:
+                shutil.copytree(confirmed_by, tmp / "rounds" / bad_commit)
+                head, slower = f"GOOD against BAD: {confirmed_by} (--confirmed-by, not run again)\n", True
             bad_record = tmp / "rounds" / bad_commit / RECORD
-            if first.returncode != 1 or not bad_record.is_file():
+            if not slower or not bad_record.is_file():
                 raise HarnessError(f"bisect: BAD ({bad_commit[:12]}) is not shown slower than GOOD "
-                                   f"({good_commit[:12]}), nothing to bisect:\n{(first.stdout + first.stderr)[-2000:]}")
+                                   f"({good_commit[:12]}), nothing to bisect:\n{head[-2000:]}")
             split = 1 - math.sqrt(1 - json.loads(bad_record.read_text())["verdict"]["change"])
             say(f"remax-bench bisect: BAD is slower; each commit is placed against a slowdown of {100 * split:.1f}%")
             git(tree, "bisect", "start", bad_commit, good_commit)
             proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "sh", "-c", step([f"--split={split}"])],
                                   capture_output=True, text=True)
-            (tmp / "bisect.log").write_text(first.stdout + first.stderr + proc.stdout + proc.stderr)
+            (tmp / "bisect.log").write_text(head + proc.stdout + proc.stderr)
             found = [line.split()[0] for line in proc.stdout.splitlines() if line.endswith("is the first bad commit")]
             git(tree, "bisect", "reset")
         finally:
@@ -67,10 +104,12 @@ def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: li
             rec = json.loads((d / RECORD).read_text())
             rounds.append({"commit": d.name, "verdict": rec["verdict"]["text"], "pairs": len(rec["pairs"])})
         record = {"good": good_commit, "bad": bad_commit, "first_slow": found[0], "split": split,
+                  "confirmed_by": str(confirmed_by) if confirmed_by else None,
                   "subject": git(repo, "log", "-1", "--format=%s", found[0]),
                   "verdict": next(r["verdict"] for r in rounds if r["commit"] == found[0]), "rounds": rounds}
         write_json(tmp / "bisect.json", record)
         say(f"remax-bench bisect: first slow commit {found[0][:12]} ({record['subject']}): {record['verdict']}; "
-            f"{len(rounds) - 1} A/B rounds after the first (GOOD against BAD), {sum(r['pairs'] for r in rounds)} "
-            "pairs in all")
+            f"{len(rounds) - 1} A/B rounds after GOOD against BAD"
+            f"{' (' + str(confirmed_by) + ', not run again)' if confirmed_by else ''}, "
+            f"{sum(r['pairs'] for r in rounds)} pairs in all")
     return record

@@ -287,6 +287,7 @@ def confirm_commands(alerts: list[dict], commits: dict[str, tuple[str | None, st
         config = layout.path(results_dir, layout.CONFIG)
         out += [f"remax-bench ab --framework {fw} --a {base} --b {now} --config {config} --out {results_dir}/ab"]
         if base != now:
-            out += [f"remax-bench bisect {base} {now} --framework {fw} --config {config} --out {results_dir}/bisect"]
+            out += [f"remax-bench bisect {base} {now} --framework {fw} --config {config} --confirmed-by "
+                    f"{results_dir}/ab --out {results_dir}/bisect"]
     return out
 
