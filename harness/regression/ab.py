@@ -298,7 +298,7 @@ def decision_basis(pairs: list[dict], comparable: bool, alpha: float) -> str:
 
 def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, seeds: list[int], tmp: Path,
            logs: Path, limits: tuple[int, int, float, float, float, float | None], started: float,
-           say: Callable[[str], None], comparable: bool = False) -> tuple[list[dict], dict]:
+           say: Callable[[str], None], comparable: bool) -> tuple[list[dict], dict]:
     """Pairs of runs in ABBA order, pair k on seed k mod len(seeds), until paired.decide stops them (from the
     `min_pairs`-th pair on) or the pairs or minutes run out. Returns the pairs and the last verdict."""
     a, b = arms
