@@ -331,6 +331,8 @@ def test_bisect_takes_a_confirming_ab_as_its_first_round_only_if_it_compared_goo
         "it ran verl, not reference": {"framework": "verl"},
         "its verdict is 'no difference larger than 2.0%', not slower": {
             "verdict": {"verdict": "same", "text": "no difference larger than 2.0%"}},
+        "arm A ran None, not aaaaaaaaaaaa; arm B ran None": {"arms": ["not", "a", "mapping"]},
+        "its verdict is None, not slower": {"verdict": "slower"},
     }
     for message, changes in refused.items():
         with pytest.raises(HarnessError, match=re.escape(message)):

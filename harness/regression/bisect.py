@@ -23,12 +23,17 @@ def confirmed(path: Path, good: str, bad: str, config: Path, framework: str | No
     nightly alert asks for first): the same commits and config file, no override or other environment, the same
     framework, and "slower". Anything else is refused, naming what differs."""
     record = read_json_object(path / RECORD, "the A/B record (--confirmed-by)")
-    arms, problems = record.get("arms") or {}, []
+
+    def field(value: object, key: str) -> object:  # a hand-edited or foreign record may hold anything
+        return value.get(key) if isinstance(value, dict) else None
+
+    problems = []
     for label, commit in (("A", good), ("B", bad)):
-        ran = str((arms.get(label) or {}).get("commit"))
+        arm = field(record.get("arms"), label)
+        ran = str(field(arm, "commit"))
         if ran != commit:
             problems.append(f"arm {label} ran {ran[:12]}, not {commit[:12]}")
-        if (arms.get(label) or {}).get("override"):
+        if field(arm, "override"):
             problems.append(f"arm {label} had a config override")
     if "-env " in str(record.get("command")):
         problems.append("an arm ran an environment of its own (--a-env/--b-env)")
@@ -36,8 +41,8 @@ def confirmed(path: Path, good: str, bad: str, config: Path, framework: str | No
         problems.append(f"it ran another config than {config} (sha256)")
     if framework and record.get("framework") != framework:
         problems.append(f"it ran {record.get('framework')}, not {framework}")
-    if (record.get("verdict") or {}).get("verdict") != "slower":
-        problems.append(f"its verdict is {(record.get('verdict') or {}).get('text')!r}, not slower")
+    if field(record.get("verdict"), "verdict") != "slower":
+        problems.append(f"its verdict is {field(record.get('verdict'), 'text')!r}, not slower")
     if problems:
         raise HarnessError(f"bisect --confirmed-by {path}: not an A/B that calls BAD slower than GOOD: "
                            + "; ".join(problems))
