@@ -126,7 +126,7 @@ def results(out: Path, max_pairs: int, min_pairs: int, alpha: float, resolution:
           f"{len(record['AB'])} pairs A/B, {len(record['AA'])} A/A")
     for kind in ("AB", "AA"):
         pool = record[kind]
-        for figure in ("throughput_tok_s", "throughput_equal_speed", PROBE):
+        for figure in ("throughput_tok_s", EQUAL_SPEED, PROBE):
             x = np.array(log_ratios(pool, figure))
             print(f"  {kind} {FIGURES[figure]:<32} B/A {100 * math.expm1(x.mean()):+6.2f}% (per pair sd of the log "
                   f"ratio {x.std(ddof=1):.3f})")
@@ -139,7 +139,7 @@ def results(out: Path, max_pairs: int, min_pairs: int, alpha: float, resolution:
                                                                                  "inconclusive")}
         pairs = np.array([s["pairs"] for s in seqs])
         minutes = np.array([s["seconds"] for s in seqs]) / 60
-        on_probe = sum(s["basis"] == "throughput_equal_speed" for s in seqs) / len(seqs)
+        on_probe = sum(s["basis"] == EQUAL_SPEED for s in seqs) / len(seqs)
         print(f"  {kind}: " + ", ".join(f"{v} {100 * c:.1f}%" for v, c in counts.items())
               + f"; pairs median {np.median(pairs):.0f} (95th pct {np.percentile(pairs, 95):.0f}); minutes median "
               f"{np.median(minutes):.1f} (95th pct {np.percentile(minutes, 95):.1f}, max {minutes.max():.1f}); "
