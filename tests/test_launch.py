@@ -126,6 +126,28 @@ def test_the_written_launch_sh_runs_the_planned_argv_word_for_word_from_the_run_
     assert proc.returncode == 2 and "usage: bash launch.sh RUN_DIR" in proc.stderr
 
 
+def test_each_environment_keeps_its_own_torch_extension_cache(tmp_path, monkeypatch):
+    """DeepSpeed's JIT-built ops go to a cache torch names by Python and CUDA version only, one per user: OpenRLHF and
+    DeepSpeed-Chat (same versions, their own torch) rebuilt each other's there at every run's start. launch.sh points
+    each environment at a folder of its own, and keeps a TORCH_EXTENSIONS_DIR the user set."""
+    from harness.runtime import container, envs
+
+    monkeypatch.setattr(envs, "ENV_ROOT", tmp_path / "envs")
+    program = tmp_path / "envs" / "demo-env" / "bin" / "python"
+    program.parent.mkdir(parents=True)
+    program.write_text('#!/usr/bin/env bash\necho "$TORCH_EXTENSIONS_DIR" > seen\n')
+    program.chmod(0o755)
+    script = launch_script(title="demo", argv=[str(program)], env_vars={},
+                           env_check=container.env_check("demo-env", validate_config({})))
+    d = plan(tmp_path, script)
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    launch(d, tmp_path / "run", timeout_min=1, config=CONFIG)
+    assert (tmp_path / "run" / "seen").read_text().strip() == str(tmp_path / "envs" / "demo-env" / "torch_extensions")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    launch(d, tmp_path / "run2", timeout_min=1, config=CONFIG)
+    assert (tmp_path / "run2" / "seen").read_text().strip() == str(tmp_path / "mine")
+
+
 def test_a_plan_without_its_record_is_refused_before_anything_runs(tmp_path):
     """An adapter's plan that leaves out what launch and the manifest need (here `inputs`) is named, not a KeyError
     after the run."""

@@ -174,10 +174,18 @@ def env_command(name: str, config: dict, program: str = "python") -> list[str]:
 
 
 def env_check(name: str, config: dict, program: str = "python") -> str:
-    """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing."""
+    """Bash lines for launch.sh: stop with exit 2 and the command that builds the environment when it is missing;
+    then give the environment its own cache of torch's JIT-built extensions (DeepSpeed's C++ ops).
+
+    torch keeps one such cache per user, named by the Python and CUDA versions only (~/.cache/torch_extensions/
+    py311_cpu on a CPU), so two environments with the same versions share it, and each rebuilds the other's ops
+    (build.ninja names its own torch headers): on 2 cores about 30 s per op, at the start of every OpenRLHF or
+    DeepSpeed-Chat run that follows the other framework's. A TORCH_EXTENSIONS_DIR already set is kept."""
     if config["container"]["runtime"] == "apptainer":
         return launch_check(name, config)
     return (f"ENV_PROGRAM={shell_word(env_command(name, config, program)[0])}\n"
             'if [ ! -x "$ENV_PROGRAM" ]; then\n'
             f"  echo \"launch.sh: no environment at $ENV_PROGRAM: build it with 'remax-bench env {name}'\" >&2\n"
-            "  exit 2\nfi\n")
+            "  exit 2\nfi\n"
+            'if [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then\n'
+            f"  export TORCH_EXTENSIONS_DIR={shell_word(str(envs.ENV_ROOT / name / envs.TORCH_EXTENSIONS))}\nfi\n")

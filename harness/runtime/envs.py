@@ -33,6 +33,7 @@ FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, f
 # that an arm's framework version is the one its runs launch with).
 ENV_ROOT = Path(os.environ.get("REMAX_BENCH_ENVS") or REPO / ".venvs")
 STAMP = ".remax-bench-env"
+TORCH_EXTENSIONS = "torch_extensions"  # each venv's own cache of torch's JIT-built ops (container.env_check)
 
 
 def spec_path(name: str, tree: Path | None = None) -> Path:
