@@ -18,7 +18,6 @@ are compared step by step, so a change in behaviour is told apart from a change 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import math
 import os
@@ -35,7 +34,7 @@ import yaml
 from harness import HarnessError
 from harness.frameworks import get_adapter
 from harness.frameworks.registry import environment
-from harness.io import atomic_path, read_json_object, write_json
+from harness.io import atomic_path, read_json_object, sha256_file, write_json
 from harness.regression.history import sampled_reward_curve
 from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
@@ -365,7 +364,7 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
         "behaviour": _behaviour(pairs),
         "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},
-        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest(),
+        "config_sha256": sha256_file(config),
         "command": " ".join(["remax-bench", "ab", "--framework", framework, "--a", a.commit, "--b", b.commit,
                              *(f"--{arm.label.lower()}-env {n}={p}" for arm in (a, b) for n, p in arm.envs.items()),
                              "--config", str(config), "--out", str(out)]),

@@ -3,7 +3,6 @@ against GOOD (harness.regression.ab; docs/regression.md, "Is B slower than A?").
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shlex
@@ -14,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import atomic_path, read_json_object, write_json
+from harness.io import atomic_path, read_json_object, sha256_file, write_json
 from harness.regression.ab import RECORD, Arm, git, resolve_arm
 
 
@@ -37,7 +36,7 @@ def confirmed(path: Path, good: str, bad: str, config: Path, framework: str | No
             problems.append(f"arm {label} had a config override")
     if "-env " in str(record.get("command")):
         problems.append("an arm ran an environment of its own (--a-env/--b-env)")
-    if record.get("config_sha256") != hashlib.sha256(config.read_bytes()).hexdigest():
+    if record.get("config_sha256") != sha256_file(config):
         problems.append(f"it ran another config than {config} (sha256)")
     if framework and record.get("framework") != framework:
         problems.append(f"it ran {record.get('framework')}, not {framework}")
