@@ -401,14 +401,16 @@ def reward_server():
     srv.server_close()
 
 
-@pytest.mark.parametrize("fixed_length", [False, True])
+# (fixed length, sampling seed): the plan's agent config as off writes it, and a fixed length as strict writes it.
+@pytest.mark.parametrize(("fixed_length", "sampling_seed"), [(False, None), (True, 7)])
 def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_python, tmp_path, reward_server,
-                                                                    fixed_length):
+                                                                    fixed_length, sampling_seed):
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()
     shutil.copy2(orl_plan.REMAX_DIR / "remax_agent.py", agent_dir)
     (agent_dir / "remax_agent.json").write_text(json.dumps({"reward_url": reward_server.url + "/get_reward",
-                                                            "min_tokens_is_max_tokens": fixed_length}))
+                                                            "min_tokens_is_max_tokens": fixed_length,
+                                                            "sampling_seed": sampling_seed}))
     n, dead_url = 3, f"http://127.0.0.1:{_free_port()}/get_reward"
     pairs = ["12+34=46", "5+7=13"]  # the second label is wrong on purpose: the greedy answer 12 scores 0.5
     out = tmp_path / "agent.json"
@@ -437,6 +439,15 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
             assert s["extra_logs"]["remax_baseline_tokens"] == len(greedy_answer) + 1  # with EOS
     baselines = {s["prompt"]: s["extra_logs"]["remax_baseline"] for r in result["rollouts"] for s in r}
     assert baselines == {"12+34=": 1.0, "5+7=": 0.5}
+    # strict: every sampled request has a seed of its own, and a rerun whose requests finish in another order asks
+    # for the same ones; greedy requests, and every request under off, have none (OpenRLHF's own behaviour).
+    sampled = [q["seed"] for q in result["requests"] if q["temperature"] > 0]
+    assert all(q["seed"] is None for q in result["requests"] if q["temperature"] == 0.0)
+    if sampling_seed is None:
+        assert sampled == [None] * len(sampled)
+    else:
+        assert len(set(sampled)) == len(sampled) == len(prompts) * n and None not in sampled
+        assert sorted(sampled) == sorted(q["seed"] for q in result["rerun_requests"] if q["temperature"] > 0)
     # Without its reward server a rollout fails, naming the server, instead of leaving a sample without reward.
     assert result["dead_url_error"].startswith(f"RewardRequestError: reward server {dead_url}: no answer after 5 tries")
 

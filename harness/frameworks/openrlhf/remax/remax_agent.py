@@ -25,10 +25,20 @@ of leaving a sample without reward or baseline.
 The n calls for one prompt share one greedy request: the first call starts it, later calls for the same prompt
 and label join it while it runs. All n calls start before any generation finishes, and a finished request is
 dropped, so the next step (new weights) asks again.
+
+Under reproducibility.determinism strict (remax_agent.json sampling_seed: the run's seed) each sampled request gets
+its own vLLM seed, which OpenRLHF never sets (samples_generator.py builds SamplingParams without one, so a sample
+depends on the engine's one generator and on what else shares its batch). The seed is drawn from the run's seed, the
+prompt, its label and how many times this executor has seen them before, counted when a call starts: the calls for
+a prompt start in OpenRLHF's order (generate_responses gathers them in order; a step's prompts go to the engines
+by a load heap that is the same for every step, as all engines are idle when a step dispatches), so a rerun asks for
+the same samples whatever order they finish in. The greedy request needs no seed.
 """
 
 import asyncio
+import hashlib
 import json
+from collections import Counter
 from copy import deepcopy
 from pathlib import Path
 
@@ -50,12 +60,17 @@ class AgentExecutor(SingleTurnAgentExecutor):
         config = json.loads(CONFIG.read_text())
         self.reward_url = config["reward_url"]
         self.fixed_length = config["min_tokens_is_max_tokens"]
+        self.sampling_seed = config.get("sampling_seed")
         self._greedy_in_flight = {}
+        self._seen = Counter()
 
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
         sampling_params = deepcopy(sampling_params)
         sampling_params.min_tokens = sampling_params.max_tokens if self.fixed_length else 0
         key = (prompt, label)
+        if self.sampling_seed is not None:
+            sampling_params.seed = request_seed(self.sampling_seed, prompt, label, self._seen[key])
+            self._seen[key] += 1
         greedy = self._greedy_in_flight.get(key)
         if greedy is None:
             greedy = asyncio.ensure_future(
@@ -78,7 +93,7 @@ class AgentExecutor(SingleTurnAgentExecutor):
         params = deepcopy(sampling_params)
         # Greedy decoding as vLLM normalises it for temperature 0 (and as verl's ReMax asks for it).
         params.temperature, params.top_p, params.top_k = 0.0, 1.0, -1
-        params.logprobs = None
+        params.logprobs = params.seed = None
         out = await super().execute(with_bos(prompt, hf_tokenizer), label, params, max_length, hf_tokenizer,
                                     llm_engine, images)
         start, end = out["action_ranges"][0]
@@ -103,6 +118,12 @@ class AgentExecutor(SingleTurnAgentExecutor):
                 last = e
                 await asyncio.sleep(1)
         raise RewardRequestError(f"reward server {self.reward_url}: no answer after {TRIES} tries ({last!r})")
+
+
+def request_seed(run_seed, prompt, label, occurrence):
+    """A sampled request's vLLM seed (63 bits, as torch.Generator.manual_seed takes it)."""
+    digest = hashlib.sha256(json.dumps([run_seed, prompt, label, occurrence]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def with_bos(prompt, hf_tokenizer):
