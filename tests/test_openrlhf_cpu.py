@@ -123,6 +123,24 @@ def test_the_flash_attn_stand_in_fails_any_call_naming_itself():
         in proc.stderr
 
 
+def test_openrlhfs_prompt_order_follows_the_seed(cpu_plan):
+    """OpenRLHF 0.11.2's prompt loader, built as the PPOTrainer actor builds it, in two fresh processes: the same
+    train.seed gives the same prompts in the same order, another seed another order. Stock 0.11.2 seeds that
+    shuffle from the process's unseeded random state (two processes of one seed differ); remax_patch.py seeds it."""
+    python = orl_conformance.ensure_validate_env(name=CPU_ENV)
+    argv = json.loads((cpu_plan / "plan.json").read_text())["argv"][3:]
+    assert argv[argv.index("--train.seed") + 1] == "1"
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([str(python), FIXTURES / "prompt_order_check.py", orl_conformance.REMAX_DIR, "8", "2",
+                               "--", *argv], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "DS_ACCELERATOR": "cpu"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["seed"] == runs[1]["seed"] and len(runs[0]["seed"]) == 8
+    assert runs[0]["other_seed"] == runs[1]["other_seed"] != runs[0]["seed"]
+
+
 # ------------------------------------------------------------------------------------- the real framework
 
 @pytest.fixture(scope="module")

@@ -101,8 +101,9 @@ def _hyperparameters(config: dict, seed: int, policy: str, max_len: int) -> list
     rc = config["remax"]
     return [
         {"key": "policy.path", "shared": policy, "framework_key": "actor.model_name_or_path", "effective": policy},
-        {"key": "seeds", "shared": seed, "framework_key": "train.seed (DeepSpeed/transformers seed, data shuffle; "
-         "vLLM engine i gets seed + i)", "effective": seed},
+        {"key": "seeds", "shared": seed, "framework_key": "train.seed (DeepSpeed/transformers seed; the prompt "
+         "order, which stock 0.11.2 shuffles unseeded and remax_patch.py seeds with it; vLLM engine i gets seed + i; "
+         "under strict, each sampled request's seed)", "effective": seed},
         {"key": "remax.steps", "shared": rc["steps"], "framework_key": f"{PROMPTS} holds steps x train_batch_size "
          "prompts (the training split, repeated where shorter); train.num_episodes=1, train.max_epochs=1",
          "effective": rc["steps"]},

@@ -16,6 +16,13 @@ are read back and compared with the actor's, bit for bit (a sync that silently d
 first batch the estimator sees is written with the advantages it computed (REMAX_BENCH_ADVANTAGE_RECORD), so that
 conformance is checked on a real step.
 
+One fix, for every run: the prompt order follows --train.seed. In 0.11.2 the PPOTrainer Ray actor builds the prompt
+loader without torch.distributed (trainer/ppo_trainer.py prepare_datasets), so it gets a shuffled StatefulDataLoader
+whose RandomSampler seeds itself from the process's unseeded global generator: two runs of one seed see the
+prompts in different orders (found here, 2026-12-05; upstream's open PR #1355, "fix(ppo): seed prompt shuffling with
+the training seed", describes the same). The sampler's generator is seeded with train.seed before its first
+iteration, as the training actors' DistributedSampler already is (seed + epoch).
+
 Each edit replaces one exact passage of the 0.11.2 source; if a passage is not found exactly once (another version,
 or a file changed by hand) nothing is written and the script exits 2 naming the file. Running it again is a no-op.
 Exit status: 0 patched (or already patched), 2 cannot patch.
@@ -34,7 +41,7 @@ VERSION = "0.11.2"
 # The marker on every edited line names this patch's revision: a file patched by another revision is refused (its
 # environment is rebuilt), not patched twice or left stale.
 MARKER_PREFIX = "# remax-bench:"
-MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record (r2)"
+MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record, seeded prompt order (r3)"
 
 # The first batch a run's remax estimator sees, written where REMAX_BENCH_ADVANTAGE_RECORD says (the plan puts it in
 # the run directory): per experience, a harness.conformance case (mask, sample rewards, greedy baselines, per-token KL,
@@ -217,6 +224,23 @@ EDITS["trainer/ray/ppo_actor.py"] = [
      CHECK + "@ray.remote(num_gpus=1)\nclass PolicyModelActor(BaseModelActor):\n"),
 ]
 
+
+PROMPT_LOADER = (
+    "    prompts_dataloader = strategy.setup_dataloader(\n"
+    "        prompts_dataset,\n"
+    "        1,\n"
+    "        True,\n"
+    "        True,\n"
+    "        prompts_dataset.collate_fn,\n"
+    "        num_workers=args.data.dataloader_num_workers,\n"
+    "    )\n"
+)
+EDITS["trainer/ppo_trainer.py"] = [(
+    PROMPT_LOADER,
+    PROMPT_LOADER
+    + f'    if getattr(prompts_dataloader.sampler, "generator", None) is not None:  {MARKER}\n'
+    + f"        prompts_dataloader.sampler.generator.manual_seed(args.train.seed)  {MARKER}\n",
+)]
 
 class PatchError(Exception):
     pass
