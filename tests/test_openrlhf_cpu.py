@@ -164,6 +164,41 @@ def test_the_launch_reports_progress_from_openrlhfs_own_log_as_it_is_written(ope
     assert re.fullmatch(r"openrlhf seed 1: step 2 of 2, [\d,]+ tokens/s so far, about 0\.0 min left", line), line
 
 
+@pytest.fixture(scope="module")
+def strict_run(cpu_inputs):
+    """The same run under reproducibility.determinism strict."""
+    ensure_env(CPU_ENV)
+    config = yaml.safe_load(Path(cpu_inputs["config_path"]).read_text())
+    config["reproducibility"] = {**config.get("reproducibility", {}), "determinism": "strict"}
+    path = cpu_inputs["root"] / "strict.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan, run = cpu_inputs["root"] / "strict-plan", cpu_inputs["root"] / "strict-run"
+    proc = run_cli("plan", "openrlhf", "--config", path, "--seed", 1, "--inputs", cpu_inputs["inputs"], "--out", plan)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("launch", plan, "--config", path, "--out", run, "--timeout-min", 15)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run
+
+
+def test_under_strict_a_rerun_of_openrlhf_repeats_every_step(strict_run, cpu_inputs):
+    """`remax-bench reproduce` of a strict OpenRLHF run: every step's behaviour bitwise equal. What strict adds is
+    needed for it: each sampled request's vLLM seed, the seeded prompt order, the samples sorted before training
+    (without any of them the repeat parts at step 1: the responses, or the batch means' summation order)."""
+    plan = json.loads((strict_run / "plan.json").read_text())
+    assert {"remax_agent.json sampling_seed", "REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content"} <= {
+        k["knob"] for k in plan["determinism"]["knobs"]}
+    repeat = cpu_inputs["root"] / "strict-repeat"
+    proc = run_cli("reproduce", strict_run, "--out", repeat, "--timeout-min", 15)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    record = json.loads((repeat / "reproduce.json").read_text())
+    assert record["verdict"] == "identical", record["text"]
+    # Beyond the common schema: every figure OpenRLHF itself logged (loss, gradient norm, returns...), timing aside.
+    figures = [{step: {k: v for k, v in d.items() if not k.startswith("timing/")} for step, d in
+                logged_steps(run).items()} for run in (strict_run, repeat)]
+    assert sorted(figures[0]) == [1, 2] and figures[0] == figures[1]
+    assert any(d["actor_grad_norm"] > 0 for d in figures[0].values())
+
+
 def logged_steps(run):
     """OpenRLHF's own per-step dicts, read here independently of the adapter: {step: dict}."""
     steps = {}
