@@ -183,7 +183,7 @@ def strict_run(cpu_inputs):
 def test_under_strict_a_rerun_of_openrlhf_repeats_every_step(strict_run, cpu_inputs):
     """`remax-bench reproduce` of a strict OpenRLHF run: every step's behaviour bitwise equal. What strict adds is
     needed for it: each sampled request's vLLM seed, the seeded prompt order, the samples sorted before training
-    (without any of them the repeat parts at step 1: the responses, or the batch means' summation order)."""
+    (docs/reproducibility.md: where an 80-step repeat parted without each)."""
     plan = json.loads((strict_run / "plan.json").read_text())
     assert {"remax_agent.json sampling_seed", "REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content"} <= {
         k["knob"] for k in plan["determinism"]["knobs"]}

