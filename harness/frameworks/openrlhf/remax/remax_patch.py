@@ -257,6 +257,7 @@ EDITS["trainer/ppo_utils/samples_generator.py"] = [
      "        return accepted_experiences, prompts_consumed, exhausted\n"),
 ]
 
+
 class PatchError(Exception):
     pass
 
