@@ -9,6 +9,7 @@ The Snakefile and every CLI subcommand go through `validate_config`, so a bad ke
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import yaml
 
 from harness import HarnessError
 from harness.frameworks import config_blocks, image_defaults, known_frameworks
-from harness.io import strict_json
+from harness.io import bounded_tree, read_document
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
 
@@ -34,7 +35,15 @@ def _with_defaults(validator_class: type[Any]) -> type[Any]:
                     instance[key] = json.loads(json.dumps(sub["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    def whole_string_pattern(validator: Any, pattern: str, instance: object,
+                             schema: dict[str, Any]) -> Iterator[jsonschema.ValidationError]:
+        # JSON Schema's patterns are ECMA-262 regexes, whose $ matches only at the very end; Python's $ also matches
+        # before a final newline, so "micro\n" would pass "^[A-Za-z0-9_.-]+$" and reach a path or a command line.
+        if isinstance(instance, str) and not re.search(re.sub(r"(?<!\\)\$$", r"\\Z", pattern), instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults,
+                                                          "pattern": whole_string_pattern})
 
 
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
@@ -85,21 +94,13 @@ def _refuse_shared(value: object, source: str) -> None:
             stack.append((child, f"{where}.{key}" if where != "(top level)" else str(key)))
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.events.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise HarnessError(f"line {mark.line + 1}: a YAML alias (*name); write the block out, aliases are not "
-                               "accepted in a config")
-        return super().compose_node(parent, index)
-
-
-def validate_config(config: dict, source: str = "config") -> dict:
+def validate_config(config: object, source: str = "config") -> dict:
     """Return a validated copy of `config` with defaults filled; raise HarnessError naming every bad key."""
     if not isinstance(config, dict):
         raise HarnessError(f"{source}: expected a mapping at the top level, got {type(config).__name__}")
     _refuse_shared(config, source)
-    config = json.loads(json.dumps(config))
+    bounded_tree(config, source)  # a number that is not finite (.nan, .inf) passes every bound of the schema
+    config = dict(json.loads(json.dumps(config)))
     errors = sorted(_Validator(schema()).iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = [f"  at {_where(e)}: {e.message}" for e in errors]
@@ -133,28 +134,22 @@ def validate_config(config: dict, source: str = "config") -> dict:
 
 
 def load_config(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise HarnessError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config")
-        text = data.decode()
-        # YAML 1.1 reads JSON's 1e-06 as a string, so a frozen config.json is read as JSON.
-        raw = strict_json(text) if path.suffix == ".json" else yaml.load(text, Loader=_NoAliasLoader)
-    except FileNotFoundError:
-        raise HarnessError(f"{path}: config file not found") from None
-    except HarnessError as e:
-        raise HarnessError(f"{path}: {e}" if not str(e).startswith(str(path)) else str(e)) from None
-    except yaml.YAMLError as e:
-        raise HarnessError(f"{path}: not valid YAML: {e}") from None
-    except ValueError as e:  # JSON, NaN in JSON, or bytes that are not UTF-8
-        raise HarnessError(f"{path}: not a valid config file: {e}") from None
+    """A config file (YAML, or a frozen config.json: YAML 1.1 would read JSON's 1e-06 as a string) through the one
+    bounded loader, validated."""
+    raw = read_document(path, "config file", max_bytes=MAX_CONFIG_BYTES)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise HarnessError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
     return validate_config(raw, source=str(path))
+
+
+def refuse_large_files(paths: list) -> None:
+    """The size cap of load_config for config files another program parsed (Snakemake's --configfile): it read
+    them before the workflow's code runs, so here they are refused after its parse, not before it."""
+    for path in paths:
+        if Path(path).stat().st_size > MAX_CONFIG_BYTES:
+            raise HarnessError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config")
 
 
 def arms_from_config(value: object, source: str) -> list[str]:

@@ -1,4 +1,7 @@
+import pytest
 from conftest import REPO, run_cli
+
+from harness.cli import main
 
 
 def test_run_with_a_broken_config_exits_2_naming_the_key_and_writes_nothing(tmp_path):
@@ -24,3 +27,29 @@ def test_unknown_framework_exits_2(tmp_path):
     proc = run_cli("run", "deepspeed-magic", "--config", REPO / "workflows/config/cpu.yaml", "--seed", 1,
                    "--out", tmp_path / "x")
     assert proc.returncode == 2 and "unknown framework 'deepspeed-magic'" in proc.stderr
+
+
+@pytest.mark.parametrize("argv, flag, said", [
+    (["plan", "verl", "--config", "c.yaml", "--seed", "-5", "--out", "p"], "--seed", "at least 0, not -5"),
+    (["run", "reference", "--config", "c.yaml", "--seed", "x", "--out", "r"], "--seed", "an integer, not 'x'"),
+    (["ingest", "reference", "r", "--out", "m.parquet", "--n-gpus", "-3"], "--n-gpus", "at least 0, not -3"),
+    (["launch", "p", "--out", "r", "--config", "c.yaml", "--timeout-min", "nan"], "--timeout-min",
+     "a finite number above 0, not 'nan'"),
+    (["launch", "p", "--out", "r", "--config", "c.yaml", "--timeout-min", "inf"], "--timeout-min",
+     "a finite number above 0, not 'inf'"),
+    (["reproduce", "r", "--out", "o", "--timeout-min", "0"], "--timeout-min", "a finite number above 0, not '0'"),
+    (["serve-reward", "--port", "70000"], "--port", "a TCP port (0-65535; 0 = any free one), not 70000"),
+    (["serve-reward", "--health-check", "http://127.0.0.1:1/health", "--timeout", "-1"], "--timeout",
+     "a finite number above 0, not '-1'"),
+    (["baseline", "update", "--out", "b.json", "--last", "0"], "--last", "at least 1, not 0"),
+    (["ab", "--a", "A", "--b", "B", "--config", "c.yaml", "--out", "o", "--alpha", "1.5"], "--alpha",
+     "a number between 0 and 1, not '1.5'"),
+    (["ab", "--a", "A", "--b", "B", "--config", "c.yaml", "--out", "o", "--seeds", "1,-2"], "--seeds",
+     "each at least 0, not '1,-2'"),
+])
+def test_a_number_out_of_range_on_the_command_line_is_exit_2_naming_the_flag(argv, flag, said, capsys):
+    """NaN and infinity too: `launch --timeout-min nan` never timed out, its wait loop spinning at 100% CPU."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"argument {flag}: {said}" in err and "Traceback" not in err, err

@@ -177,6 +177,47 @@ def test_definition_installs_the_pinned_description_over_the_published_image():
     assert f"remax-bench.description-sha256 {sha256_file(spec)}" in lines
 
 
+def test_definition_writes_plain_paths_as_before_and_quotes_a_path_with_a_space(tmp_path):
+    spaced = tmp_path / "setup scripts" / "fix up.py"
+    spaced.parent.mkdir()
+    spaced.write_text("")
+    settings = validate_config({})["container"]["images"]["openrlhf"]
+    settings["setup"] = [*settings["setup"], str(spaced)]
+    lines = container.definition("openrlhf", settings).splitlines()
+    files = lines[lines.index("%files") + 1:lines.index("%post") - 1]
+    assert files == [f"    {envs.spec_path('openrlhf')} /opt/remax-bench/openrlhf.txt",
+                     f"    {REPO}/harness/frameworks/openrlhf/remax/remax_patch.py /opt/remax-bench/remax_patch.py",
+                     f'    "{spaced}" "/opt/remax-bench/fix up.py"']
+    assert "    python3 '/opt/remax-bench/fix up.py'" in lines
+
+
+@pytest.mark.parametrize("name", ["x.py\n%post\n    touch pwned\n%files\n", "x.py\rok", "$(touch pwned).py",
+                                  "`touch pwned`.py", 'a".py', "{{ pwned }}.py", "*.py", "100%s.py"])
+def test_image_refuses_a_setup_file_apptainer_would_misread(tmp_path, monkeypatch, capsys, name):
+    """`remax-bench image` with a setup file whose name would add a section to the definition, run in the shell that
+    expands %files sources, or be replaced by a build argument: exit 2, one line naming the file and the key, and
+    apptainer is never run, so no definition is written."""
+    from harness.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / name
+    script.write_text("")
+    calls = tmp_path / "calls"
+    fake = tmp_path / "apptainer"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f"echo \"$*\" >> {shlex.quote(str(calls))}\n"
+                    f"[ \"$1\" = build ] && cp \"$3\" {shlex.quote(str(tmp_path / 'used.def'))} && "
+                    "printf sif > \"$2\"\nexit 0\n")
+    fake.chmod(0o755)
+    cfg = {"container": {"apptainer": str(fake), "images": {"verl": {
+        "from": "docker://verlai/verl:vllm024.dev2", "setup": [str(script)]}}}}
+    assert main(["image", "verl", "--json", json.dumps(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "container.images.verl.setup" in err and repr(str(script)) in err, err
+    assert not calls.exists()
+    assert not list(tmp_path.rglob("*.def")) and not (tmp_path / "results" / "images" / "verl.sif").exists()
+
+
 @pytest.mark.parametrize("install", [True, False])
 def test_image_build_runs_apptainer_once_and_records_the_sif(tmp_path, monkeypatch, install):
     """`remax-bench image` with a stand-in apptainer that writes the .sif as apptainer would: the build or pull

@@ -240,3 +240,248 @@ def test_an_oversized_config_is_refused_before_it_is_parsed(tmp_path):
     config.write_text("profile: cpu\n" + "# padding\n" * 200_000)
     one_line_error(run_cli("inputs", "dataset", "--config", config, "--inputs", tmp_path / "i"), config,
                    "larger than 1048576 bytes")
+
+
+# ---- bad values in what summarize, history, baseline and check read (issue 54) --------------------------------------
+
+def refused(capsys, *args, names=()):
+    """`remax-bench ARGS` in this process: exit 2 with one line naming each of `names`, no traceback."""
+    from harness.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, (code, err[-3000:])
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert len(lines) == 1 and all(str(n) in lines[0] for n in names), err
+    return lines[0]
+
+
+def metrics_with(path, **columns):
+    """The run's metrics file written again by the harness with some columns replaced."""
+    import pandas as pd
+
+    from harness.results.metrics import to_frame, write_metrics
+
+    write_metrics(to_frame(pd.read_parquet(path).assign(**columns).to_dict("records"), "test"), path)
+
+
+def test_summarize_refuses_an_infinite_figure_naming_the_run_and_the_column(tmp_path, capsys):
+    import pandas as pd
+
+    results = make_results(tmp_path / "results", seeds=(1, 2))
+    good, bad = (results / "metrics" / "reference" / f"seed{s}.parquet" for s in (1, 2))
+    metrics_with(bad, time_step_cpu_s=0.0)  # a CPU timer that read 0: wall over CPU time divides by it
+    args = ["summarize", "--config", results / "config.json", "--metrics", good, bad, "--out", tmp_path / "s.csv"]
+    refused(capsys, *args, names=(bad, "run reference-cpu-s2", "cpu_contention is inf"))
+    assert not (tmp_path / "s.csv").exists()
+    from harness.cli import main
+
+    assert main([str(a) for a in [*args, "--partial"]]) == 0  # left out and named, as an unreadable run is
+    assert f"summarize: left out: {bad}: run reference-cpu-s2: cpu_contention is inf" in capsys.readouterr().err
+    assert list(pd.read_csv(tmp_path / "s.csv")["run_id"]) == ["reference-cpu-s1"]
+
+
+def test_summarize_refuses_two_eval_records_of_one_run_naming_both(tmp_path, capsys):
+    results = make_results(tmp_path / "results", seeds=(1,))
+    runs = [tmp_path / "run", tmp_path / "copy-of-run"]
+    for run in runs:
+        run.mkdir()
+        (run / "eval.json").write_text(json.dumps({"run_id": "reference-cpu-s1", "before": {"greedy_accuracy": 0.1},
+                                                   "after": {"greedy_accuracy": 0.5}}))
+    refused(capsys, "summarize", "--config", results / "config.json", "--metrics",
+            results / "metrics" / "reference" / "seed1.parquet", "--runs", *runs, "--out", tmp_path / "s.csv",
+            names=(runs[0] / "eval.json", runs[1] / "eval.json", "two eval records of run reference-cpu-s1"))
+    (runs[1] / "eval.json").write_text(json.dumps({"run_id": "reference-cpu-s1", "before": {"greedy_accuracy": "high"},
+                                                   "after": {"greedy_accuracy": 0.5}}))
+    refused(capsys, "summarize", "--config", results / "config.json", "--metrics",
+            results / "metrics" / "reference" / "seed1.parquet", "--runs", runs[1], "--out", tmp_path / "s.csv",
+            names=(runs[1] / "eval.json", "before.greedy_accuracy"))
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_metrics_file_without_steps_or_with_steps_that_are_not_integers_is_exit_2_naming_it(tmp_path, capsys):
+    import pandas as pd
+
+    from harness.results.metrics import write_metrics
+
+    results = make_results(tmp_path / "results", seeds=(1, 2))
+    bad = results / "metrics" / "reference" / "seed2.parquet"
+    write_metrics(pd.read_parquet(bad).iloc[:0], bad)
+    summarize = ["summarize", "--config", results / "config.json", "--metrics", bad, "--out", tmp_path / "s.csv"]
+    refused(capsys, *summarize, names=(bad, "no steps"))
+    refused(capsys, "history", "append", "--results", results, names=(bad, "no steps"))
+    for step in ([1.5] * 20, ["1"] * 20):  # written by another tool than ingest
+        pd.read_parquet(bad.parent / "seed1.parquet").assign(step=step).to_parquet(bad)
+        refused(capsys, *summarize, names=(bad, "column step"))
+        refused(capsys, "history", "append", "--results", results, names=(bad, "column step"))
+    assert not (results / HISTORY).exists() and not (tmp_path / "s.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def checked_world(tmp_path_factory):
+    """Three nights in the history, a baseline of them, and a fourth night's outputs in the results directory:
+    everything `check`, `baseline update` and `history append` read."""
+    from harness.io import write_json
+    from harness.regression.baseline import build_baseline
+
+    root = tmp_path_factory.mktemp("checked")
+    nights(root / "results", 3)
+    write_json(root / "cpu.json", build_baseline(root / "results" / HISTORY, profile="cpu", last=3))
+    make_results(root / "results", created="2026-01-04T00:00:00+00:00")
+    return root
+
+
+@pytest.fixture
+def world(checked_world, tmp_path):
+    import shutil
+
+    shutil.copytree(checked_world, tmp_path / "world")
+    return tmp_path / "world"
+
+
+def readers(world):
+    """The readers' commands on `world`, by what they read."""
+    results = world / "results"
+    return {"baseline update": ["baseline", "update", "--results", results, "--out", world / "new.json", "--last", 3],
+            "check": ["check", "--baseline", world / "cpu.json", "--results", results],
+            "history append": ["history", "append", "--results", results]}
+
+
+def edit_row(path, line, edit):
+    lines = path.read_text().splitlines(keepends=True)
+    row = json.loads(lines[line - 1])
+    edit(row)
+    lines[line - 1] = json.dumps(row) + "\n"
+    path.write_text("".join(lines))
+
+
+def edit_json(path, edit):
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+def test_the_readers_of_an_undamaged_world_succeed(world, capsys):
+    from harness.cli import main
+
+    for name, args in readers(world).items():
+        assert main([str(a) for a in args]) == 0, (name, capsys.readouterr().err)
+
+
+def test_a_step_or_count_that_is_not_a_whole_number_in_64_bits_is_exit_2_naming_where(world, capsys):
+    import pandas as pd
+
+    run = readers(world)
+    history = sorted((world / "results" / HISTORY).glob("*.jsonl"))[1]
+    saved = history.read_bytes()
+    for value, command in (("4", "baseline update"), (1.5, "check"), (2**70, "baseline update")):
+        edit_row(history, 2, lambda row, value=value: row["curve"]["step"].__setitem__(3, value))
+        refused(capsys, *run[command], names=(f"{history}:2", "curve.step[3]"))
+        history.write_bytes(saved)
+    summary = world / "results" / "summary.csv"
+    good = pd.read_csv(summary)
+    for column, value in (("seed", "1.5"), ("steps", "1e30"), ("seed", "one")):
+        good.astype(object).assign(**{column: [value, *good[column].iloc[1:]]}).to_csv(summary, index=False)
+        refused(capsys, *run["history append"], names=(f"{summary}:2", column))
+    assert not (world / "new.json").exists()
+
+
+def test_bytes_that_are_not_utf8_are_exit_2_naming_the_file_and_line(world, capsys):
+    run = readers(world)
+    results = world / "results"
+    history = sorted((results / HISTORY).glob("*.jsonl"))[1]
+    lines = history.read_bytes().splitlines(keepends=True)
+    history.write_bytes(b"".join([lines[0], lines[1].replace(b'"cpu"', b'"cpu\xff"', 1), lines[2]]))
+    for command in ("baseline update", "check"):
+        refused(capsys, *run[command], names=(f"{history}:2", "not UTF-8"))
+    summary = results / "summary.csv"
+    saved = summary.read_bytes()
+    summary.write_bytes(saved.replace(b"reference-cpu-s3", b"reference-cpu-s3\xff", 1))
+    refused(capsys, *run["history append"], names=(f"{summary}:4", "not UTF-8"))
+    summary.write_bytes(saved)
+    manifest = results / "runs" / "reference" / "seed1" / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes().replace(b'"cpu"', b'"\xffcpu"', 1))
+    refused(capsys, *run["history append"], names=(manifest, "utf-8"))
+    baseline = world / "cpu.json"
+    baseline.write_bytes(baseline.read_bytes().replace(b'"cpu"', b'"\xffcpu"', 1))
+    refused(capsys, *run["check"], names=(baseline, "utf-8"))
+
+
+DEEP = "[" * 20_000 + "]" * 20_000  # past the stack of Python's JSON parser
+
+
+def test_json_nested_20000_deep_is_exit_2_naming_the_file(world, capsys):
+    run = readers(world)
+    results = world / "results"
+    history = sorted((results / HISTORY).glob("*.jsonl"))[1]
+    lines = history.read_text().splitlines(keepends=True)
+    history.write_text(lines[0] + lines[1].replace('"schema": 1', f'"schema": 1, "x": {DEEP}', 1) + lines[2])
+    refused(capsys, *run["baseline update"], names=(f"{history}:2",))
+    baseline = world / "cpu.json"
+    baseline.write_text(baseline.read_text().replace('"schema": 1', f'"schema": 1, "x": {DEEP}', 1))
+    refused(capsys, *run["check"], names=(baseline,))
+    manifest = results / "runs" / "reference" / "seed1" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"seed": 1', f'"seed": 1, "x": {DEEP}', 1))
+    refused(capsys, *run["history append"], names=(manifest,))
+
+
+def test_nan_infinity_and_numbers_past_a_float_are_exit_2_naming_the_file(world, capsys):
+    run = readers(world)
+    results = world / "results"
+    history = sorted((results / HISTORY).glob("*.jsonl"))[1]
+    saved = history.read_text()
+    history.write_text(saved.replace('"reward_gain": ', '"reward_gain": 1e400, "x": ', 1))
+    refused(capsys, *run["baseline update"], names=(f"{history}:1",))
+    history.write_text(saved)
+    baseline = world / "cpu.json"
+    baseline.write_text(baseline.read_text().replace('"reward_target": ', '"reward_target": -1e400, "x": ', 1))
+    refused(capsys, *run["check"], names=(baseline,))
+    summary = results / "summary.csv"
+    saved = summary.read_text()
+    text = saved.splitlines(keepends=True)
+    header = text[0].rstrip("\n").split(",")
+    cells = text[2].rstrip("\n").split(",")
+    cells[header.index("throughput_tok_s")] = "-Infinity"
+    summary.write_text(text[0] + text[1] + ",".join(cells) + "\n" + "".join(text[3:]))
+    refused(capsys, *run["history append"], names=(f"{summary}:3", "throughput_tok_s is -inf"))
+    summary.write_text(saved)
+    manifest = results / "runs" / "reference" / "seed1" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"seed": 1', '"seed": NaN', 1))
+    refused(capsys, *run["history append"], names=(manifest, "NaN"))
+
+
+def test_fields_of_the_wrong_type_are_exit_2_naming_the_file_and_the_field(world, capsys):
+    run = readers(world)
+    results = world / "results"
+    manifest = results / "runs" / "reference" / "seed2" / "manifest.json"
+    saved = manifest.read_text()
+    for field, value in (("hardware", "8x A100"), ("created", 20260104), ("inputs", ["dataset"]),
+                         ("config", "cpu.yaml")):
+        edit_json(manifest, lambda m, field=field, value=value: m.update({field: value}))
+        refused(capsys, *run["history append"], names=(manifest, field))
+        manifest.write_text(saved)
+    history = sorted((results / HISTORY).glob("*.jsonl"))[1]
+    saved = history.read_text()
+    for edit, field in ((lambda r: r["provenance"].update(config=[]), "provenance.config"),
+                        (lambda r: r["metrics"].update(reward_first10=None), "metrics.reward_first10"),
+                        (lambda r: r["curve"].update(reward=["high"]), "curve.reward[0]"),
+                        (lambda r: r.update(seed=True), "seed")):
+        edit_row(history, 3, edit)
+        refused(capsys, *run["baseline update"], names=(f"{history}:3", field))
+        history.write_text(saved)
+    baseline = world / "cpu.json"
+    saved = baseline.read_text()
+    for edit, field in ((lambda b: b["frameworks"]["reference"].update(provenance="cpu"), "provenance"),
+                        (lambda b: b["frameworks"]["reference"].pop("provenance"), "provenance"),
+                        (lambda b: b["frameworks"]["reference"]["runs"][0].update(pipeline_time=5), "pipeline_time"),
+                        (lambda b: b.update(frameworks=[]), "frameworks")):
+        edit_json(baseline, edit)
+        refused(capsys, *run["check"], names=(baseline, field))
+        baseline.write_text(saved)
+    config = results / "config.json"
+    config.write_text("{not json")
+    refused(capsys, *run["baseline update"], names=(config,))
+    config.write_text(json.dumps({"profile": ["cpu"]}))
+    refused(capsys, *run["baseline update"], names=(config, "profile"))
+    assert not (world / "new.json").exists()

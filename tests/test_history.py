@@ -69,7 +69,8 @@ def test_append_writes_one_row_per_run_once_and_never_touches_earlier_files(tmp_
     assert new and path.parent == results / HISTORY and len(rows) == 3
     first_bytes = path.read_bytes()
     again_path, _, again = append(results)  # a rule rerun or a manual call: same pipeline run
-    assert not again and again_path == path and list(path.parent.iterdir()) == [path]
+    listed = [p for p in path.parent.iterdir() if not p.name.startswith(".")]  # the hidden record of files written
+    assert not again and again_path == path and listed == [path]
 
     make_results(results, throughput=900.0, created="2026-01-02T00:00:00+00:00")  # the next night
     second, _, new = append(results)
@@ -179,3 +180,13 @@ def test_the_report_and_the_check_read_time_to_reward_from_one_curve():
     late_s, late_step = time_to_reward(sampled, target)
     assert step <= late_step <= step + (n - 1) / (CURVE_POINTS - 1) + 1 and late_s >= time_s - 1e-4  # 4 decimals kept
     assert time_to_reward(full, 0.95) is None and time_to_reward(sampled, 0.95) is None
+
+
+def test_append_checks_its_receipt_before_the_history_grows(tmp_path):
+    results = make_results(tmp_path / "results")
+    receipt = tmp_path / "receipt"
+    receipt.mkdir()  # a folder where the receipt file should go
+    proc = run_cli("history", "append", "--results", results, "--receipt", receipt)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{receipt}: an existing folder; refusing to replace it with a file" in proc.stderr
+    assert not (results / HISTORY).exists()

@@ -115,3 +115,76 @@ def test_an_external_checkpoint_is_linked_and_hashed_like_a_built_policy(tmp_pat
         verify_hash(inputs / "policy")
     with pytest.raises(HarnessError, match=r"at policy.path: .* \(no config.json\)"):
         build_policy(validate_config({"policy": {"path": str(tmp_path)}}), inputs)
+
+
+def test_a_file_is_replaced_only_while_it_is_what_the_harness_wrote_there(tmp_path):
+    mine = tmp_path / "notes.csv"
+    mine.write_text("my own table")
+    with pytest.raises(HarnessError, match=r"notes\.csv: an existing file that remax-bench did not write"):
+        write_text(mine, "a summary")
+    assert mine.read_text() == "my own table"
+    write_text(tmp_path / "summary.csv", "first")
+    write_text(tmp_path / "summary.csv", "second")  # a rerun
+    (tmp_path / "summary.csv").write_text("second, edited by hand")
+    with pytest.raises(HarnessError, match="or that was changed since"):
+        write_text(tmp_path / "summary.csv", "third")
+    assert (tmp_path / "summary.csv").read_text() == "second, edited by hand"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".summary.csv.")]  # no temporary left
+
+
+def _write_one(args):
+    folder, name = args
+    write_text(f"{folder}/{name}", name)
+
+
+def test_parallel_writers_into_one_folder_keep_every_record(tmp_path):
+    """Snakemake's jobs write into one folder at once (metrics/<framework>/seedN.parquet): each file's record must
+    survive the others' updates, or a rerun of that job would be refused."""
+    import multiprocessing
+
+    names = [f"seed{i}.parquet" for i in range(16)]
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        pool.map(_write_one, [(str(tmp_path), n) for n in names])
+    for name in names:
+        write_text(tmp_path / name, "rerun")
+
+
+def test_deep_non_finite_and_oversized_documents_are_refused_naming_the_file(tmp_path):
+    from harness.io import MAX_DEPTH, read_document
+
+    cases = {
+        "deep.json": ("[" * 20_000 + "]" * 20_000, "nested too deep to read"),
+        "deep-but-parsable.json": ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), f"nested more than {MAX_DEPTH} deep"),
+        "deep.yaml": ("a: " + "[" * 20_000 + "]" * 20_000, "nested too deep to read"),
+        "big.json": ('{"a": 1e999}', "1e999 is not a finite number"),
+        "nan.yaml": ("lr: .nan\n", "at lr: nan is not a finite number"),
+        "huge.json": ('{"step": ' + "9" * 5000 + "}", "not valid JSON: Exceeds the limit"),
+        "wide.json": ('{"step": ' + "9" * 30 + "}", "at step: 9+ does not fit in 64 bits"),
+        "alias.yaml": ("a: &x [1]\nb: *x\n", "line 2: a YAML alias"),
+        "bytes.json": (b'{"a": "\xff"}', "not valid JSON"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(HarnessError, match=message) as refused:
+            read_document(path, "record")
+        assert str(refused.value).startswith(str(path)), refused.value
+    (tmp_path / "large.json").write_text("[" + "0," * 600_000 + "0]")
+    with pytest.raises(HarnessError, match=r"large\.json: larger than 1000000 bytes; not a record"):
+        read_document(tmp_path / "large.json", "record", max_bytes=1_000_000)
+
+
+def test_a_log_line_past_the_bound_is_refused_naming_the_line(tmp_path, monkeypatch):
+    from harness import io
+
+    monkeypatch.setattr(io, "MAX_LINE_BYTES", 1000)  # the bound is 16 Mi characters; the rule is the same
+    log = tmp_path / "console.log"
+    log.write_text("step 1\r50%\r100%\n" + "x" * 1001 + "\nstep 3\n")
+    lines = io.text_lines(log)
+    assert [next(lines), next(lines), next(lines)] == [(1, "step 1\n"), (2, "50%\n"), (3, "100%\n")]
+    with pytest.raises(HarnessError, match=r"console\.log:4: a line longer than 1000 bytes"):
+        next(lines)
+    log.write_bytes(b"ok\n\xff\xfe\n")
+    with pytest.raises(HarnessError, match=r"console\.log:2: not UTF-8 text"):
+        list(io.text_lines(log))
+    assert [line for _, line in io.text_lines(log, errors="replace")][1] == "\ufffd\ufffd\n"

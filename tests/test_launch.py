@@ -1,9 +1,11 @@
 """Launching a planned run: real subprocesses, exit codes, timeouts that kill the whole process tree."""
 
 import json
+import shlex
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -89,17 +91,142 @@ def test_a_run_that_logs_no_step_is_called_possibly_stuck_while_it_runs(tmp_path
     assert any("no step logged yet for" in line and "still starting, or stuck?" in line for line in lines[2:]), lines
 
 
+# The lines ray.exceptions.ActorDiedError prints with its ActorDiedErrorContext (Ray 2.55.0, exceptions.py:
+# BASE_ERROR_MSG, then "\tclass_name:", "\tactor_id:", "\tpid:", "\tnamespace:", "\tip:" lines); a real run that
+# reaches them is tests/test_openrlhf_cpu.py's killed engine (there through Ray's worker-death line).
+ACTOR_DIED_LOG = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+                  "\tclass_name: RolloutRayActor\n\tactor_id: 5c1d0a\n\tpid: 4242\n\tnamespace: 9f\n\tip: 10.0.0.1\n"
+                  "The actor is dead because its worker process has died.\n")
+ENGINE_DIED = "a rollout engine (vLLM) died (Ray actor RolloutRayActor, pid 4242)"
+
+# How the read-back check began its message in issue 54's measured run (OpenRLHF, weight sync made a no-op); the
+# words after "parameters" are this test's own
+READ_BACK = ("rollout engine 0 holds other values than the actor for 6 of 6 parameters after the weight sync "
+             "(model.embed_tokens.weight first)")
+
+
 def test_a_dead_ray_actor_in_the_log_is_named_by_its_role():
-    # The lines ray.exceptions.ActorDiedError prints with its ActorDiedErrorContext (Ray 2.55.0, exceptions.py:
-    # BASE_ERROR_MSG, then "\tclass_name:", "\tactor_id:", "\tpid:", "\tnamespace:", "\tip:" lines); a real run
-    # that reaches them is tests/test_openrlhf_cpu.py's killed engine (there through Ray's worker-death line).
-    log = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
-           "\tclass_name: RolloutRayActor\n\tactor_id: 5c1d0a\n\tpid: 4242\n\tnamespace: 9f\n\tip: 10.0.0.1\n"
-           "The actor is dead because its worker process has died.\n")
-    assert failure_cause(log, "openrlhf") == "a rollout engine (vLLM) died (Ray actor RolloutRayActor, pid 4242)"
-    assert failure_cause(log.replace("RolloutRayActor", "WorkerDict"), "verl") == \
+    assert failure_cause(ACTOR_DIED_LOG, "openrlhf") == ENGINE_DIED
+    assert failure_cause(ACTOR_DIED_LOG.replace("RolloutRayActor", "WorkerDict"), "verl") == \
         "Ray actor WorkerDict died (pid 4242)"
-    assert failure_cause("Traceback ...\nValueError: bad\n", "openrlhf") == ""
+    assert failure_cause("loading the checkpoint\nKilled\n", "openrlhf") == ""
+
+
+def python_c(code: str) -> str:
+    """A launch.sh that runs code in a real Python process, its output and traceback going to the run's console."""
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}\n"
+
+
+def failed_launch(tmp_path, script: str) -> list[str]:
+    """The lines of the error a launch of script raised."""
+    d = plan(tmp_path, script)
+    with pytest.raises(HarnessError) as err:
+        launch(d, tmp_path / "run", timeout_min=1, config=CONFIG)
+    assert not (tmp_path / "run").exists()
+    return str(err.value).splitlines()
+
+
+def test_a_crash_is_named_by_the_exception_its_last_traceback_ends_with(tmp_path):
+    """The measured case: OpenRLHF with its weight sync made a no-op stopped at its read-back check after 56 s, and
+    the line said only "exit code 1". Here a real Python process prints, handles an exception, and raises the
+    read-back error while handling it: of the two tracebacks the last one names the cause."""
+    code = ("print('step 1', flush=True)\n"
+            "def check_weights():\n"
+            f"    raise RuntimeError({READ_BACK!r})\n"
+            "try:\n"
+            "    {}['engine 0']\n"
+            "except KeyError:\n"
+            "    check_weights()\n")
+    first = failed_launch(tmp_path, python_c(code))[0]
+    assert first == f"plan: run failed: exit code 1: RuntimeError: {READ_BACK}"
+
+
+def test_a_ray_task_error_is_named_by_the_exception_the_remote_task_raised(tmp_path):
+    """A driver's ray.get of an actor method that raised while handling another exception: the traceback ends in
+    the remote task's own, and its last exception, not Ray's wrapper line nor the first of the chain, names the
+    cause."""
+    # Built the way Ray 2.x's ray/exceptions.py (the releases with ActorDiedError) builds it: as_instanceof_cause()
+    # raises a class make_dual_exception_type names "RayTaskError(RuntimeError)", defined in ray.exceptions, whose
+    # str is RayTaskError.__str__: the remote traceback with each "Traceback (most recent call last):" line replaced
+    # by the task's proctitle line in cyan (colorama's Fore.CYAN, Fore.RESET) and "(pid=, ip=, actor_id=, repr=)".
+    # Python's traceback module prints the driver's frames and that str. No Ray-internal frames here: __str__ drops
+    # them from the remote part, and the driver's are frames like any other.
+    code = ("import traceback\n"
+            "def broadcast_to_vllm():\n"
+            "    try:\n"
+            "        {}['engine 0']\n"
+            "    except KeyError:\n"
+            f"        raise RuntimeError({READ_BACK!r})\n"
+            "try:\n"
+            "    broadcast_to_vllm()\n"
+            "except RuntimeError:\n"
+            "    printed = traceback.format_exc().strip().split('\\n')\n"
+            "title = ('\\x1b[36mray::PolicyModelActor.fit()\\x1b[39m (pid=4242, ip=10.0.0.1, actor_id=5c1d0a, '\n"
+            "         'repr=<openrlhf.trainer.ray.ppo_actor.PolicyModelActor object at 0x7f3a>)')\n"
+            "remote = [title if line.startswith('Traceback ') else line for line in printed]\n"
+            "class RayTaskError(RuntimeError):\n"
+            "    def __str__(self):\n"
+            "        return '\\n'.join(remote)\n"
+            "RayTaskError.__module__ = 'ray.exceptions'\n"
+            "RayTaskError.__name__ = RayTaskError.__qualname__ = 'RayTaskError(RuntimeError)'\n"
+            "def get_objects():\n"
+            "    raise RayTaskError()\n"
+            "get_objects()\n")
+    lines = failed_launch(tmp_path, python_c(code))
+    assert lines[0] == f"plan: run failed: exit code 1: RuntimeError: {READ_BACK}"
+    wrapper = "ray.exceptions.RayTaskError(RuntimeError): \x1b[36mray::PolicyModelActor.fit()\x1b[39m (pid=4242, "
+    assert any(line.startswith(wrapper) for line in lines), lines  # the log tail: the printed form is Ray's
+
+
+def test_a_long_or_multi_line_message_is_cut_to_one_bounded_line(tmp_path):
+    message = "engine 0 differs at " + ", ".join(f"layers.{i}.mlp.weight" for i in range(200))
+    code = f"raise ValueError({message + chr(10) + 'second line of the message'!r})\n"
+    first = failed_launch(tmp_path, python_c(code))[0]
+    cause = first.removeprefix("plan: run failed: exit code 1: ")
+    assert cause.startswith("ValueError: engine 0 differs at layers.0.mlp.weight, ") and cause.endswith(" ...")
+    assert len(cause) == launch_module.CAUSE_CHARS and "second line" not in first
+
+
+def test_a_huge_log_is_read_from_its_end_only(tmp_path, monkeypatch):
+    """A run that logged 32 MiB before it raised: its cause and tail come from the log's end, in memory far below the
+    log's size (reading it whole took more than twice its size at once: bytes, text, lines)."""
+    log_bytes = 32 << 20
+    line = "filler " * 15 + "\n"
+    code = ("import sys\n"
+            f"sys.stdout.write({line!r} * {log_bytes // len(line)})\n"
+            "sys.stdout.flush()\n"
+            f"raise RuntimeError({READ_BACK!r})\n")
+    wait = launch_module.wait_reporting_progress
+
+    def wait_then_count_from_here(*args):
+        # What launch allocates from the framework's exit on is its reading of the log; before it, what reading the
+        # plan and starting the run take is none of this test's business.
+        timed_out = wait(*args)
+        tracemalloc.reset_peak()
+        return timed_out
+
+    monkeypatch.setattr(launch_module, "wait_reporting_progress", wait_then_count_from_here)
+    tracemalloc.start()
+    try:
+        first = failed_launch(tmp_path, python_c(code))[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < log_bytes // 4, f"reading a failed run's log took {peak / 2**20:.0f} MiB"
+    assert first == f"plan: run failed: exit code 1: RuntimeError: {READ_BACK}"
+
+
+def test_a_dead_ray_actor_outranks_the_exception_the_driver_raised():
+    """An engine killed under the driver's ray.get ends the driver's traceback with ActorDiedError, and a framework
+    may log another exception after it: which role died says more than either exception's type."""
+    # The driver's frames as Python's traceback module prints them (traceback.StackSummary.format)
+    frames = ("Traceback (most recent call last):\n"
+              '  File "/opt/openrlhf/cli/train_ppo_ray.py", line 460, in <module>\n'
+              "    train(args)\n")
+    read_back = frames + f"RuntimeError: {READ_BACK}\n"
+    assert failure_cause(read_back, "openrlhf") == f"RuntimeError: {READ_BACK}"
+    assert failure_cause(frames + ACTOR_DIED_LOG, "openrlhf") == ENGINE_DIED
+    assert failure_cause(frames + ACTOR_DIED_LOG + read_back, "openrlhf") == ENGINE_DIED
 
 
 def test_not_a_plan_directory(tmp_path):

@@ -626,3 +626,13 @@ def test_a_transition_change_under_a_millisecond_is_not_an_alert_whatever_its_z(
         assert got["status"] == expected and got["evidence"]["z"] > 10, got
         if expected == "ok":
             assert "under this metric's floor of 0.001: too small to act on" in got["reason"]
+
+
+def test_baseline_update_refuses_fewer_than_one_last_run(tmp_path):
+    """`--last 0` took every run of the history (Python's [-0:]), a negative N all but the first N."""
+    results = nights(tmp_path / "results", 3)
+    for last in ("0", "-2"):
+        proc = run_cli("baseline", "update", "--results", results, "--out", tmp_path / "b.json", "--last", last)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"remax-bench baseline update: error: argument --last: at least 1, not {last}" in proc.stderr
+    assert not (tmp_path / "b.json").exists()

@@ -1,6 +1,7 @@
 """The comparison report on SYNTHETIC results directories (tests/synthetic.py: formula data, `synthetic-*` names)."""
 
 import base64
+import html
 import json
 import os
 import re
@@ -430,3 +431,115 @@ def test_snakemake_report_includes_the_html_report(micro_pipeline, tmp_path):
     listing = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(tmp_path / "snakemake_report.zip")],
                              capture_output=True, text=True).stdout
     assert "index.html" in listing and "reward_curve.png" in listing
+
+
+# ---- the output folder, and bad values in what the report reads (issue 54) ----------------------------------------
+
+def _report_cli(results, out, capsys):
+    """`remax-bench report` in this process (the synthetic frameworks are registered only here): exit code and
+    stderr."""
+    from harness.cli import main
+
+    capsys.readouterr()
+    code = main(["report", str(results), "--out", str(out)])
+    return code, capsys.readouterr().err
+
+
+def _one_line(err, *names):
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert "Traceback" not in err and len(lines) == 1 and all(str(n) in lines[0] for n in names), err
+
+
+def _files(folder):
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_the_report_folder_is_written_whole_and_replaces_only_a_report(tmp_path, frameworks, capsys, monkeypatch):
+    from harness.io import OWNER
+
+    results = tmp_path / "results"
+    three_frameworks(results, seeds=(1,), steps=20)
+    synthetic.summarize(results)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "index.html").write_text("my own page")
+    (foreign / "reward_curve.png").write_bytes(b"my own figure")
+    # someone's folder, the results directory itself, a run directory: refused before anything is written
+    for out in (foreign, results, results / "runs" / FAST / "seed1"):
+        before, around = _files(results) | _files(foreign), sorted(out.parent.iterdir())
+        code, err = _report_cli(results, out, capsys)
+        assert code == 2
+        _one_line(err, out, "refusing to replace it (nothing was deleted)")
+        assert _files(results) | _files(foreign) == before and sorted(out.parent.iterdir()) == around
+
+    out = tmp_path / "report"
+    for _ in range(2):  # a rerun replaces its own report
+        code, err = _report_cli(results, out, capsys)
+        assert code == 0, err
+    assert json.loads((out / OWNER).read_text()) == {"kind": "report"}
+    assert {p.name for p in out.iterdir()} == {OWNER, "index.html", "throughput.md", "throughput.csv", "runs.csv",
+                                               "throughput.png", "step_time.png", "reward_curve.png"}
+
+    # a failure after the figures and tables: the previous report stays as it was, a new one does not appear
+    def fail(*args, **kwargs):
+        raise HarnessError("synthetic failure while rendering the page")
+
+    monkeypatch.setattr("harness.report.page.html", fail)
+    before = _files(out)
+    for target in (out, tmp_path / "new-report"):
+        code, err = _report_cli(results, target, capsys)
+        assert code == 2
+        _one_line(err, "synthetic failure while rendering the page")
+    assert _files(out) == before and not (tmp_path / "new-report").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "report", "results"]  # no temporary left
+
+
+def test_a_non_finite_or_unconfigured_summary_value_is_exit_2_naming_the_file_and_field(tmp_path, frameworks,
+                                                                                         capsys):
+    results = tmp_path / "results"
+    three_frameworks(results, seeds=(1, 2), steps=20)
+    synthetic.summarize(results)
+    path = results / "summary.csv"
+    good = pd.read_csv(path)
+    row = int(good.index[good["run_id"] == f"{FAST}-s2"][0])
+    for column, value in (("throughput_tok_s", "inf"), ("throughput_tok_s", "-Infinity"),
+                          ("time_step_s_median", "fast"), ("framework", "synthetic-elsewhere"), ("seed", "2.5"),
+                          ("reward_gain", "nan")):
+        bad = good.astype(object)
+        bad.loc[row, column] = value
+        bad.to_csv(path, index=False)
+        code, err = _report_cli(results, tmp_path / "report", capsys)
+        if value == "nan":  # an empty figure: a metric the run did not measure
+            assert code == 0, err
+            continue
+        assert code == 2, (column, value, err)
+        _one_line(err, f"{path}:{row + 2}", column)
+        assert not (tmp_path / "report").exists()
+
+
+def test_a_manifest_or_plan_field_of_the_wrong_type_is_named_and_the_report_still_written(tmp_path, frameworks,
+                                                                                          capsys):
+    """One damaged record never stops the report of the others: it is named, file and field, among the problems."""
+    results = tmp_path / "results"
+    three_frameworks(results, seeds=(1,), steps=20)
+    synthetic.summarize(results)
+    path = results / "runs" / FAST / "seed1" / "manifest.json"
+    good = json.loads(path.read_text())
+    plan = results / "plans" / FAST / "seed1" / "plan.json"
+    damaged = [(path, {**good, field: value}, field) for field, value in (
+        ("hardware", "8x A100"), ("created", 20260101), ("inputs", ["dataset"]), ("inputs", {"dataset": "d.jsonl"}),
+        ("hardware", {"gpus": "A100"}))]
+    damaged += [(path, [good], "should be a JSON object, not a list")]
+    damaged += [(plan, {"run_id": f"{FAST}-s1", field: value}, field) for field, value in (
+        ("hyperparameters", "lr 1e-6"), ("deviations", [{"key": ["remax.lr"], "cause": "x"}]))]
+    for where, record, named in damaged:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(json.dumps(record))
+        code, err = _report_cli(results, tmp_path / "report", capsys)
+        assert code == 0 and "Traceback" not in err, (named, err)
+        page = html.unescape((tmp_path / "report" / "index.html").read_text())
+        assert f"{where}:" in page and named in page, named
+        if where == path:
+            where.write_text(json.dumps(good))
+        else:
+            where.unlink()

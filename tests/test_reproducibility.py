@@ -243,3 +243,56 @@ def test_responses_that_are_not_prompt_response_strings_are_refused_naming_the_f
     with pytest.raises(HarnessError, match=r"eval\.json: before\.responses is not a list"):
         greedy_responses({"before": {"responses": [{"prompt": "1+1=", "response": 2}]}}, "eval.json")
     assert greedy_responses({"before": {"greedy_accuracy": 0.5}}, "eval.json") is None  # kept no responses
+
+
+def _manifest(run_dir, **fields):
+    """A run directory holding only a manifest: what `reproduce` reads first."""
+    run_dir.mkdir(exist_ok=True)
+    manifest = {"framework": "reference", "framework_version": "0.1.0", "run_id": "reference-tiny-s1", "seed": 1,
+                "profile": "tiny", "config": TINY, "config_hash": "0" * 16,
+                "inputs": {"dataset": {"path": str(run_dir / "inputs" / "dataset.jsonl"), "sha256": "0" * 64}},
+                **fields}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    return run_dir / "manifest.json"
+
+
+def _refused(capsys, *args, names=()):
+    capsys.readouterr()
+    code = cli.main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, (code, err[-3000:])
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert len(lines) == 1 and all(str(n) in lines[0] for n in names), err
+
+
+def test_reproduce_refuses_a_foreign_out_before_any_work(tmp_path, monkeypatch, capsys):
+    """It checked the inputs, packages and machine (seconds) and only then found it could not write its --out."""
+    run = tmp_path / "run"
+    _manifest(run)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+
+    def work(*args, **kwargs):
+        raise AssertionError("reproduce worked before checking its --out")
+
+    for step in ("validate_config", "differences", "run_steps"):
+        monkeypatch.setattr(f"harness.regression.reproduce.{step}", work)
+    _refused(capsys, "reproduce", run, "--out", mine, names=(mine, "not the kind run framework reference seed 1"))
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_reproduce_refuses_a_manifest_field_of_the_wrong_type_naming_it(tmp_path, capsys):
+    run = tmp_path / "run"
+    for fields, named in (({"seed": "one"}, "seed"), ({"config": ["tiny"]}, "config"),
+                          ({"inputs": {}}, "inputs.dataset"),
+                          ({"inputs": {"dataset": {"path": 5}}}, "inputs.dataset.path"),
+                          ({"hardware": "a laptop"}, "hardware"),
+                          ({"environment": {"packages": "torch"}}, "environment.packages")):
+        manifest = _manifest(run, **fields)
+        _refused(capsys, "reproduce", run, "--out", tmp_path / "again", names=(manifest, named))
+    manifest.write_text(manifest.read_text().replace('"seed": 1', '"seed": NaN'))
+    _refused(capsys, "reproduce", run, "--out", tmp_path / "again", names=(manifest, "NaN"))
+    manifest.write_text('{"seed": ' + "[" * 20_000 + "]" * 20_000 + "}")
+    _refused(capsys, "reproduce", run, "--out", tmp_path / "again", names=(manifest,))
+    assert not (tmp_path / "again").exists()

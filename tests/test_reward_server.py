@@ -86,6 +86,9 @@ def test_health_names_the_reward_and_its_hash(server):
     ({"query": [1], "prompts": ["1"], "labels": ["1"]}, 400, "'query' must be a list of strings"),
     ({"query": ["1=2", "3=4"], "prompts": ["1="], "labels": ["2", "4"]}, 400, "same length, got query=2, prompts=1"),
     ({"query": ["9+9=18"], "prompts": ["1+1="], "labels": ["2"]}, 422, "query[0] does not begin with prompts[0]"),
+    # JSON may escape a lone surrogate, which no tokenizer encodes: scored, it would fail its whole batch with a 500.
+    (b'{"query": ["1+1=2\\ud800"], "prompts": ["1+1="], "labels": ["2"]}', 400,
+     "query[0] is not Unicode text: a lone surrogate '\\ud800' at index 5"),
 ])
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server, body, status, message):
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
@@ -129,6 +132,72 @@ def test_json_nested_past_the_parsers_limit_gets_400():
     with serving(max_body=1 << 20) as srv:
         status, answer = post(srv, b"[" * 100_000 + b"]" * 100_000)
         assert status == 400 and "nested too deep" in answer["error"]
+        assert post(srv, good())[0] == 200
+
+
+def test_an_integer_too_long_to_convert_gets_400():
+    # Python's json reads an integer with int(), which refuses more than 4300 digits (sys.get_int_max_str_digits).
+    with serving(max_body=1 << 20) as srv:
+        status, answer = post(srv, b'{"query": [], "prompts": [], "labels": [], "n": -' + b"9" * 5000 + b"}")
+        assert status == 400 and "a number in the body cannot be parsed" in answer["error"], answer
+        assert post(srv, good())[0] == 200
+
+
+def answer_then_close(sock):
+    """The status and JSON body of the answer the server wrote before it closed the connection."""
+    raw = sock.makefile("rb").read()  # returns only once the server has closed the connection
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 ") and b"Content-Type: application/json" in head, raw
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("request_bytes, status, message", [
+    (b"NONSENSE\r\n\r\n", 400, "Bad request syntax ('NONSENSE')"),
+    (b"PUT /get_reward HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('PUT')"),
+    (b"GET /health HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version (2.0)"),
+])
+def test_a_request_the_http_parser_refuses_gets_a_json_error(server, request_bytes, status, message):
+    with socket.create_connection(server.server_address[:2], timeout=5) as sock:
+        sock.sendall(request_bytes)
+        assert answer_then_close(sock) == (status, {"error": message})
+    assert post(server, good())[0] == 200
+
+
+REQUEST_TIMEOUT_S = 1.0
+
+
+def stall(srv, first, trickle):
+    """Send `first`, then a byte of `trickle` every 0.3 s, then nothing: the answer, and the seconds it took.
+    Each pause is shorter than the timeout, so only a bound on the request as a whole answers by ~1 s."""
+    with socket.create_connection(srv.server_address[:2], timeout=5) as sock:
+        start = time.monotonic()
+        sock.sendall(first)
+        for byte in trickle:
+            time.sleep(0.3)
+            sock.sendall(bytes([byte]))
+        answer = answer_then_close(sock)
+        return answer, time.monotonic() - start
+
+
+def test_a_body_sent_too_slowly_gets_408_within_the_request_timeout():
+    with serving(request_timeout_s=REQUEST_TIMEOUT_S) as srv:
+        (status, answer), took = stall(srv, b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+                                       b"  ")
+        assert status == 408 and answer["error"] == "the request did not arrive within 1 s of its first byte"
+        # A timeout of each read alone would answer 1 s after the last byte, at 1.6 s.
+        assert REQUEST_TIMEOUT_S - 0.1 < took < REQUEST_TIMEOUT_S + 0.5, took
+        assert post(srv, good())[0] == 200
+
+
+@pytest.mark.parametrize("first, trickle", [
+    (b"PO", b"ST"),  # the request line
+    (b"POST /get_reward HTTP/1.1\r\n", b"Ho"),  # the headers
+])
+def test_a_request_line_or_headers_sent_too_slowly_get_408_not_a_silent_close(first, trickle):
+    with serving(request_timeout_s=REQUEST_TIMEOUT_S) as srv:
+        (status, answer), took = stall(srv, first, trickle)
+        assert status == 408 and answer["error"] == "the request did not arrive within 1 s of its first byte"
+        assert REQUEST_TIMEOUT_S - 0.1 < took < REQUEST_TIMEOUT_S + 0.5, took
         assert post(srv, good())[0] == 200
 
 
@@ -367,9 +436,10 @@ def test_serve_reward_refuses_a_bad_reward_input_before_listening(tmp_path, caps
     assert cli.main(["serve-reward", "--inputs", str(tmp_path / "nowhere")]) == 2
     out = capsys.readouterr()
     assert f"{tmp_path / 'nowhere' / 'reward'}: input is missing" in out.err and "serving" not in out.out
-    assert cli.main(["serve-reward", "--batch-size", "0"]) == 2
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal: exit 2, naming the flag
+        cli.main(["serve-reward", "--batch-size", "0"])
     out = capsys.readouterr()
-    assert "max_batch (--batch-size) must be at least 1, got 0" in out.err and "serving" not in out.out
+    assert refused.value.code == 2 and "--batch-size: at least 1, not 0" in out.err and "serving" not in out.out
     # ... and the console script: a recorded reward whose checkpoint is a causal LM, not a reward model.
     reward_dir = tmp_path / "inputs" / "reward"
     (reward_dir / "model").mkdir(parents=True)

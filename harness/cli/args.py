@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections.abc import Callable
 
 from harness import HarnessError
 from harness.results import layout
@@ -39,6 +41,49 @@ def json_object(text: str | None, flag: str) -> dict:
 
 def seed_list(text: str) -> list[int]:
     try:
-        return [int(s) for s in text.split(",")]
+        seeds = [int(s) for s in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds: comma-separated integers, not {text!r}") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"each at least 0, not {text!r}")
+    return seeds
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (a seed, a GPU count, a number of runs)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"an integer, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"at least {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def port(text: str) -> int:
+    value = at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port (0-65535; 0 = any free one), not {value}")
+    return value
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (a timeout: NaN would never time out, inf never either)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number, not {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"a finite number above 0, not {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number strictly between 0 and 1 (a false-alarm rate, a relative change)."""
+    value = positive(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"a number between 0 and 1, not {text!r}")
+    return value

@@ -4,18 +4,18 @@ preflight of a GPU profile."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-from harness import HarnessError
-from harness.cli.args import config
+from harness.cli.args import at_least, config, port, positive
 
 
 def cmd_env(args: argparse.Namespace) -> None:
-    from harness.io import write_text
+    from harness.io import check_replaceable, write_text
     from harness.runtime.envs import ensure_env
 
+    if args.out:
+        check_replaceable(args.out)  # before the build, which takes minutes
     python = ensure_env(args.name)
     print(python)
     if args.out:
@@ -32,13 +32,11 @@ def _env(sub: argparse._SubParsersAction) -> None:
 
 def cmd_image(args: argparse.Namespace) -> None:
     from harness.config import validate_config
+    from harness.io import parse_document
     from harness.runtime.container import build_image
 
     if args.json:
-        try:
-            cfg = validate_config(json.loads(args.json), source="--json")
-        except json.JSONDecodeError as e:
-            raise HarnessError(f"--json: not valid JSON ({e})") from None
+        cfg = validate_config(parse_document(args.json, "--json", yaml_syntax=False), source="--json")
     else:
         cfg = config(args)
     record = build_image(args.name, cfg, args.out)
@@ -84,26 +82,29 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
 def _serve_reward(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("serve-reward", help="serve the shared reward over HTTP (OpenRLHF's remote reward protocol)")
     sp.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback; the server has no auth)")
-    sp.add_argument("--port", type=int, default=0, help="0 = any free port (printed at start)")
-    sp.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get a 413")
+    sp.add_argument("--port", type=port, default=0, help="0 = any free port (printed at start)")
+    sp.add_argument("--max-body-bytes", type=at_least(1), default=8 << 20, help="larger request bodies get a 413")
     sp.add_argument("--health-check", metavar="URL", help="instead of serving: wait until the server at URL is healthy")
-    sp.add_argument("--timeout", type=float, default=60.0, help="seconds --health-check waits (default: %(default)s)")
+    sp.add_argument("--timeout", type=positive, default=60.0,
+                    help="seconds --health-check waits (default: %(default)s)")
     sp.add_argument("--inputs", help="serve the shared reward recorded in this inputs directory (its reward/; "
                                      "default: the rule)")
     sp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where a reward model scores")
-    sp.add_argument("--batch-size", type=int, default=64,
+    sp.add_argument("--batch-size", type=at_least(1), default=64,
                     help="texts per score call (one reward-model forward pass) (default: %(default)s)")
-    sp.add_argument("--max-length", type=int, default=1024,
+    sp.add_argument("--max-length", type=at_least(1), default=1024,
                     help="tokens a reward model sees, as reward.max_length (default: %(default)s)")
-    sp.add_argument("--max-pending", type=int, default=4096,
+    sp.add_argument("--max-pending", type=at_least(1), default=4096,
                     help="requests that may wait to be scored; more are answered 503 (default: %(default)s)")
     sp.set_defaults(func=cmd_serve_reward)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from harness.frameworks.preflight import preflight, render
-    from harness.io import write_text
+    from harness.io import check_replaceable, write_text
 
+    if args.out:
+        check_replaceable(args.out)  # before the checks, which take a while on a node
     rows = preflight(config(args), Path(args.results))
     text = render(rows)
     print(text, end="")

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import config, with_config, with_inputs
+from harness.cli.args import at_least, config, positive, with_config, with_inputs
 from harness.results import layout
 
 
 def cmd_freeze_config(args: argparse.Namespace) -> None:
     from harness.config import validate_config
-    from harness.io import write_json
+    from harness.io import parse_document, write_json
 
-    try:
-        raw = json.loads(args.json)
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"--json: not valid JSON ({e})") from None
-    write_json(args.out, validate_config(raw, source="snakemake config"))
+    write_json(args.out, validate_config(parse_document(args.json, "--json", yaml_syntax=False),
+                                         source="snakemake config"))
 
 
 def _freeze_config(sub: argparse._SubParsersAction) -> None:
@@ -73,7 +69,7 @@ def _run_and_plan(sub: argparse._SubParsersAction) -> None:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("framework")
         with_config(sp)
-        sp.add_argument("--seed", type=int, required=True)
+        sp.add_argument("--seed", type=at_least(0), required=True)
         sp.add_argument("--out", required=True)
         with_inputs(sp)
         sp.set_defaults(func=func)
@@ -89,7 +85,7 @@ def _launch(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
     sp.add_argument("plan_dir")
     sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
-    sp.add_argument("--timeout-min", type=float, required=True)
+    sp.add_argument("--timeout-min", type=positive, required=True)
     with_config(sp)
     sp.set_defaults(func=cmd_launch)
 
@@ -116,7 +112,7 @@ def _ingest(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("framework")
     sp.add_argument("logs", nargs="+", help="log files, or run directories")
     sp.add_argument("--out", required=True)
-    sp.add_argument("--n-gpus", type=int, default=None)
+    sp.add_argument("--n-gpus", type=at_least(0), default=None)
     sp.set_defaults(func=cmd_ingest)
 
 

@@ -4,25 +4,25 @@ manifest, the paired A/B of two arms and the bisect built on it."""
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import json_object, seed_list
+from harness.cli.args import at_least, fraction, json_object, positive, seed_list
 from harness.results import layout
 
 
 def cmd_history_append(args: argparse.Namespace) -> None:
+    from harness.io import check_replaceable, write_json
     from harness.regression.history import append
 
+    if args.receipt:  # a receipt it cannot write is refused before the history grows
+        check_replaceable(args.receipt)
     path, rows, new = append(args.results)
     print(f"{path}: {'appended' if new else 'already in the history, nothing written:'} {len(rows)} run(s) of "
           f"pipeline run {rows[0]['pipeline_run']}")
     if args.receipt:
-        from harness.io import write_json
-
         write_json(args.receipt, {"history_file": str(path), "pipeline_run": rows[0]["pipeline_run"],
                                   "runs": [r["run_id"] for r in rows], "newly_appended": new})
 
@@ -37,15 +37,15 @@ def _history(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_baseline_update(args: argparse.Namespace) -> None:
-    from harness.io import write_json
+    from harness.io import read_json_object, write_json
     from harness.regression.baseline import build_baseline
 
     profile = args.profile
     if profile is None:
         config = layout.path(args.results, layout.CONFIG)
-        if not config.is_file():
-            raise HarnessError(f"{config}: missing; give the profile with --profile")
-        profile = json.loads(config.read_text())["profile"]
+        profile = read_json_object(config, "effective config", "; give the profile with --profile").get("profile")
+        if not isinstance(profile, str):
+            raise HarnessError(f"{config}: profile: expected a string, not {profile!r:.40}; give it with --profile")
     command = "remax-bench " + shlex.join(sys.argv[1:])
     base = build_baseline(layout.path(args.results, layout.HISTORY), profile=profile, runs=args.runs, last=args.last,
                           command=command)
@@ -62,7 +62,8 @@ def _baseline(sub: argparse._SubParsersAction) -> None:
     bp.add_argument("--out", required=True, help="baseline file, e.g. baselines/cpu.json")
     bp.add_argument("--profile", help="default: the profile of RESULTS/config.json")
     bp.add_argument("--runs", nargs="+", metavar="ID", help="pipeline run ids (or unique prefixes) to use")
-    bp.add_argument("--last", type=int, default=5, help="else the last N pipeline runs (default: %(default)s)")
+    bp.add_argument("--last", type=at_least(1), default=5,
+                    help="else the last N pipeline runs (default: %(default)s)")
     bp.set_defaults(func=cmd_baseline_update)
 
 
@@ -97,7 +98,7 @@ def _reproduce(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("run_dir")
     sp.add_argument("--out", required=True, help="the rerun's run directory (never the original)")
     sp.add_argument("--inputs", help="the inputs directory (default: where the manifest's dataset is)")
-    sp.add_argument("--timeout-min", type=float, help="a planned framework's timeout (default: the config's)")
+    sp.add_argument("--timeout-min", type=positive, help="a planned framework's timeout (default: the config's)")
     sp.set_defaults(func=cmd_reproduce)
 
 
@@ -111,12 +112,13 @@ def _ab_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--framework", help="the framework both arms run (default: the config's one framework)")
     sp.add_argument("--out", required=True)
     sp.add_argument("--seeds", type=seed_list, help="seeds, comma-separated (default: the config's)")
-    sp.add_argument("--max-pairs", type=int, default=30, help="hard cap on pairs (default: %(default)s)")
-    sp.add_argument("--min-pairs", type=int, default=3, help="pairs before the first look (default: %(default)s)")
-    sp.add_argument("--max-minutes", type=float, default=15.0, help="hard cap on time (default: %(default)s)")
-    sp.add_argument("--resolution", type=float, default=0.03,
+    sp.add_argument("--max-pairs", type=at_least(2), default=30, help="hard cap on pairs (default: %(default)s)")
+    sp.add_argument("--min-pairs", type=at_least(2), default=3,
+                    help="pairs before the first look (default: %(default)s)")
+    sp.add_argument("--max-minutes", type=positive, default=15.0, help="hard cap on time (default: %(default)s)")
+    sp.add_argument("--resolution", type=fraction, default=0.03,
                     help="'no difference' needs the interval within this fraction (default: %(default)s)")
-    sp.add_argument("--alpha", type=float, default=0.01,
+    sp.add_argument("--alpha", type=fraction, default=0.01,
                     help="chance that A against A is called different, over all looks (default: %(default)s)")
 
 
@@ -161,7 +163,7 @@ def _ab(sub: argparse._SubParsersAction) -> None:
         sp.add_argument(f"--{arm}-env", action="append", metavar="NAME=FILE",
                         help=f"arm {arm.upper()}'s framework environment NAME from this description (a pip "
                              "requirements file as a framework's envs/NAME.txt: another framework version); repeatable")
-    sp.add_argument("--split", type=float, help="decide only whether B is slower than A by more than this fraction "
+    sp.add_argument("--split", type=fraction, help="decide only whether B is slower than A by more than this fraction "
                                                 "(what bisect asks of each commit)")
     _ab_options(sp)
     sp.set_defaults(func=cmd_ab)

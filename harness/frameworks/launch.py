@@ -32,11 +32,25 @@ CONSOLE_LOG = "console.log"
 EVAL = "eval.json"  # what harness.results.summarize.read_eval reads, in the reference backend's form
 
 
-def tail(path: Path, lines: int = 40) -> str:
+TAIL_LINES = 40  # of a failed run's log, printed with its error
+# What of a failed run's log is read for its cause and tail: a long run's console can be gigabytes, and what names
+# why it stopped (Ray's death notices, the last traceback) comes at its end.
+LOG_TAIL_BYTES = 2 << 20
+CAUSE_CHARS = 300  # the most a cause adds to a failure's one line: an exception's message can be a whole tensor
+
+
+def log_tail(path: Path) -> str:
+    """The last LOG_TAIL_BYTES of a log as text, from the first whole line in them; "" where there is no log."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read()
     except OSError:
         return ""
+    if size > LOG_TAIL_BYTES:
+        data = data[data.find(b"\n") + 1:]
+    return data.decode(errors="replace")
 
 
 # What Ray prints when an actor's process dies (ray.exceptions.ActorDiedError with its ActorDiedErrorContext)
@@ -50,9 +64,45 @@ WORKER_DIED = re.compile(r"A worker died or was killed while executing a task by
                          r"Worker PID: (\d+)")
 
 
+# The line that opens a traceback Python's traceback module prints, and the one that closes it: the exception's
+# type, qualified by its module unless builtins or __main__ ("torch.OutOfMemoryError: ..."; Ray's wrapper classes
+# are named "RayTaskError(RuntimeError)"), then ": " and its message unless it has none.
+TRACEBACK = "Traceback (most recent call last):"
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:\(\w+\))?(?:: |$)")
+# Ray's exception for a remote task that raised (RayTaskError(X), or ActorDiedError for an actor's __init__): its
+# message is the remote traceback, each "Traceback ..." line of it replaced by the task's "ray::Class.method()" line
+# (RayTaskError.__str__), so an exception chained in the task shows as the traceback module's separator lines.
+RAY_REMOTE = re.compile(r"ray\.exceptions\.\w+(?:\(\w+\))?: .*ray::")
+CHAINED = {"During handling of the above exception, another exception occurred:",
+           "The above exception was the direct cause of the following exception:"}
+ANSI_COLOR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def exception_line(log_text: str) -> str:
+    """The exception the log's last traceback ends with ("RuntimeError: ..."), through Ray's wrappers to the last
+    exception the remote task raised; "" where the log has no traceback that ends."""
+    lines = log_text.splitlines()
+    start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i] == TRACEBACK), None)
+    if start is None:
+        return ""
+    found, looking = "", True
+    for line in lines[start + 1:]:
+        if looking:
+            # Frames and their code are indented; another process's lines that interleave with them (Ray's log
+            # monitor prints workers' lines as "(Class pid=N) ...") do not look like an exception line.
+            if not line[:1].isspace() and EXCEPTION_LINE.match(line):
+                found, looking = line, RAY_REMOTE.match(line) is not None
+        elif line in CHAINED:
+            looking = True
+        elif line.strip():
+            break
+    return ANSI_COLOR.sub("", found).strip()
+
+
 def failure_cause(log_text: str, framework: str) -> str:
     """The cause a failed run's log names, in the field's words, where it names one: a Ray actor whose process died
-    (the framework's role for that actor class, and its pid); "" otherwise."""
+    (the framework's role for that actor class, and its pid); else the exception its last traceback ends with, cut
+    to CAUSE_CHARS; "" otherwise."""
     died = ACTOR_DIED.search(log_text)
     if died is not None:
         actor, pid = died.group(1), died.group(2)
@@ -64,7 +114,8 @@ def failure_cause(log_text: str, framework: str) -> str:
             return f"a Ray worker died (pid {pid})"
         actor = printed.group(1)
     else:
-        return ""
+        raised = exception_line(log_text)
+        return raised if len(raised) <= CAUSE_CHARS else raised[:CAUSE_CHARS - 4] + " ..."
     try:
         roles = get_adapter(framework).ray_roles
     except HarnessError:
@@ -207,10 +258,11 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             proc.wait()
         if timed_out or proc.returncode != 0:
             reason = exit_reason(proc.returncode, timed_out, timeout_s)
-            cause = failure_cause((tmp / CONSOLE_LOG).read_text(errors="replace"), plan["framework"])
+            log = log_tail(tmp / CONSOLE_LOG)
+            cause = failure_cause(log, plan["framework"])
             reason += f": {cause}" if cause else ""
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
-                               + tail(tmp / CONSOLE_LOG))
+                               + "\n".join(log.splitlines()[-TAIL_LINES:]))
         write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})
         write_evaluation(tmp, plan["framework"])
         write_json(tmp / "manifest.json", build_manifest(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -24,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import read_json_object, write_json
+from harness.io import OWNER, check_replaceable, read_json_object, write_json
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,38 @@ def sources(names: Sequence[str], config: dict) -> list[str]:
     return [config[name]["checkout"] for name in names if get_adapter(name).checkout is not None]
 
 
+def refuse_foreign_checkout(name: str, config: dict) -> None:
+    """HarnessError, naming `<name>.checkout`, when that path holds something the NAME_checkout rule did not make.
+
+    Snakemake deletes a directory() output itself before its job runs, so the workflow checks this as it loads: a
+    folder of the user's named by mistake, or a clone of the framework they made themselves, would be gone."""
+    from harness.results.layout import checkout_owner
+
+    path = Path(config[name]["checkout"])
+    try:
+        check_replaceable(path, checkout_owner(name))
+        return
+    except HarnessError:
+        pass
+    where, rule = f"config: at {name}.checkout: {path}", f"the {name}_checkout rule"
+    if not path.is_dir():
+        raise HarnessError(f"{where} is a file, which {rule} would delete to check out into. Nothing was deleted: set "
+                           f"{name}.checkout to a new or empty folder")
+    commit = get_adapter(name).checkout.commit  # type: ignore[union-attr]
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    except OSError:
+        head = ""
+    if head.strip() == commit:
+        raise HarnessError(f"{where} is a git checkout of the pinned commit {commit[:7]} that remax-bench did not make "
+                           f"(it has no {OWNER}), which {rule} would delete when it runs again. Nothing was deleted: "
+                           f"remove the folder (the workflow checks it out again, as its own) or set {name}.checkout "
+                           "to a new or empty folder")
+    raise HarnessError(f"{where} is a folder that is not empty and not a checkout remax-bench made (no {OWNER} of a "
+                       f"{name} checkout in it), which {rule} would replace, deleting everything in it. Nothing was "
+                       f"deleted: set {name}.checkout to a new or empty folder")
+
+
 def on_cpu(config: dict) -> bool:
     """Whether this config runs real frameworks on the CPU (launch.device cpu)."""
     return config["launch"]["device"] == "cpu"
@@ -232,7 +265,7 @@ PLAN_RECORD = (*PLAN_IDENTITY, "inputs")
 # The type of each key of the record: what launch, ingest and the manifest read from it. bool is an int to Python,
 # not to a plan.
 PLAN_TYPES: dict[str, type] = {"framework": str, "framework_version": str, "run_id": str, "seed": int, "n_gpus": int,
-                               "inputs": dict}
+                               "inputs": dict, "hyperparameters": list, "deviations": list}
 
 
 def run_id(framework: str, config: dict, seed: int) -> str:
@@ -242,7 +275,8 @@ def run_id(framework: str, config: dict, seed: int) -> str:
 
 def _plan_errors(plan: dict, keys: Sequence[str]) -> list[str]:
     missing = [k for k in keys if k not in plan]
-    wrong = [f"{k} is {type(plan[k]).__name__} {plan[k]!r}, not {PLAN_TYPES[k].__name__}" for k in keys
+    # every typed key a plan holds, required here or not: an adapter's reader takes it as its type
+    wrong = [f"{k} is {type(plan[k]).__name__} {plan[k]!r}, not {PLAN_TYPES[k].__name__}" for k in PLAN_TYPES
              if k in plan and (not isinstance(plan[k], PLAN_TYPES[k]) or isinstance(plan[k], bool))]
     return ([f"missing {', '.join(missing)}"] if missing else []) + wrong
 

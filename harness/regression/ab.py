@@ -29,12 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from harness import HarnessError
+from harness.config import MAX_CONFIG_BYTES
 from harness.frameworks import get_adapter
 from harness.frameworks.registry import environment
-from harness.io import atomic_path, read_json_object, sha256_file, write_json
+from harness.io import atomic_path, read_document, read_json_object, sha256_file, write_json
 from harness.regression.history import sampled_reward_curve
 from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
@@ -195,10 +194,7 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
     repo, out = repo.resolve(), out.resolve()
     if min_pairs < 2 or max_pairs < min_pairs:
         raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs})")
-    try:
-        raw = yaml.safe_load(config.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise HarnessError(f"ab: --config {config}: {e}") from None
+    raw = read_document(config, "config file", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(raw, dict):
         raise HarnessError(f"ab: --config {config}: not a mapping of config keys")
     frameworks = [framework] if framework else raw.get("frameworks", ["reference"])

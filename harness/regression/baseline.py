@@ -11,42 +11,31 @@ from harness import HarnessError
 from harness.frameworks import known_frameworks
 from harness.io import read_json_object
 from harness.regression.history import SCHEMA_VERSION, read_history
+from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null
 from harness.regression.statistics import MIN_BASELINE_RUNS, REWARD_TARGET_FRACTION, training_time_to
+
+# What `check` reads of a baseline (build_baseline writes it).
+BASELINE = {"schema": INTEGER, "profile": TEXT, "hardware": TEXT, "frameworks": OBJECT, "frameworks.*": OBJECT,
+            "frameworks.*.framework_version": TEXT, "frameworks.*.config_hash": TEXT,
+            "frameworks.*.reward_target": or_null(NUMBER), "frameworks.*.provenance": OBJECT,
+            **{f"frameworks.*.provenance.{k}": OBJECT for k in ("config", "git", "versions", "hardware", "inputs")},
+            "frameworks.*.runs": LIST, "frameworks.*.runs.*": OBJECT, "frameworks.*.runs.*.pipeline_run": TEXT,
+            "frameworks.*.runs.*.pipeline_time": TEXT, "frameworks.*.runs.*.seed": INTEGER,
+            "frameworks.*.runs.*.metrics": OBJECT, "frameworks.*.runs.*.metrics.*": or_null(NUMBER)}
+REQUIRED = ("schema", "profile", "hardware", "frameworks", "frameworks.*.framework_version", "frameworks.*.provenance",
+            "frameworks.*.runs", "frameworks.*.runs.*.pipeline_run", "frameworks.*.runs.*.seed",
+            "frameworks.*.runs.*.metrics")
 
 
 def load_baseline(path: str | Path) -> dict:
     path = Path(path)
-    base = read_json_object(path, "baseline")
-    for key in ("schema", "profile", "hardware", "frameworks"):
-        if key not in base:
-            raise HarnessError(f"{path}: not a baseline (no {key!r}; write one with `remax-bench baseline update`)")
+    base = check_shape(read_json_object(path, "baseline"), BASELINE, path, REQUIRED, "baseline")
     if base["schema"] != SCHEMA_VERSION:
         raise HarnessError(f"{path}: baseline schema {base['schema']} (this harness reads {SCHEMA_VERSION})")
-    if not isinstance(base["frameworks"], dict):
-        raise HarnessError(f"{path}: frameworks: expected an object of frameworks")
-    for fw, entry in base["frameworks"].items():
-        runs = entry.get("runs") if isinstance(entry, dict) else None
-        if not runs or not all(isinstance(r, dict) and {"pipeline_run", "seed", "metrics"} <= r.keys() for r in runs):
-            raise HarnessError(f"{path}: frameworks.{fw}: expected 'runs' with pipeline_run, seed and metrics")
-        if not _number_or_null(entry.get("reward_target")):
-            raise HarnessError(f"{path}: frameworks.{fw}.reward_target: {entry.get('reward_target')!r} is not a number")
-        for i, r in enumerate(runs):
-            at = f"{path}: frameworks.{fw}.runs[{i}]"
-            if not isinstance(r["pipeline_run"], str) or not isinstance(r["seed"], int) or isinstance(r["seed"], bool):
-                raise HarnessError(f"{at}: pipeline_run must be a string and seed an integer")
-            if not isinstance(r["metrics"], dict):
-                raise HarnessError(f"{at}.metrics: expected an object")
-            for name, value in r["metrics"].items():
-                if not _number_or_null(value):
-                    raise HarnessError(f"{at}.metrics.{name}: {value!r} is not a number")
-            if not isinstance(r.get("pipeline_time", ""), str):
-                raise HarnessError(f"{at}.pipeline_time: expected a string")
+    empty = [fw for fw, entry in base["frameworks"].items() if not entry["runs"]]
+    if empty:
+        raise HarnessError(f"{path}: frameworks.{empty[0]}.runs: empty; a baseline is made of runs")
     return base
-
-
-def _number_or_null(value: object) -> bool:
-    """NaN and Infinity never get here: the JSON reader refuses them."""
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def experiment_config(row: dict) -> dict:
@@ -58,6 +47,17 @@ def experiment_config(row: dict) -> dict:
 
 def _pipeline_runs(rows: list[dict]) -> list[str]:
     return list(dict.fromkeys(r["pipeline_run"] for r in rows))
+
+
+def _reward_target(rows: list[dict]) -> float:
+    """The baseline's reward target: its first reward plus REWARD_TARGET_FRACTION of its gain (medians over rows)."""
+    for r in rows:
+        for key in ("reward_first10", "reward_last10"):
+            if r["metrics"].get(key) is None:
+                raise HarnessError(f"{r['_source']}: metrics.{key}: missing; a baseline's reward target needs it")
+    first = float(np.median([r["metrics"]["reward_first10"] for r in rows]))
+    last = float(np.median([r["metrics"]["reward_last10"] for r in rows]))
+    return first + REWARD_TARGET_FRACTION * (last - first)
 
 
 def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | None = None, last: int = 5,
@@ -111,9 +111,7 @@ def build_baseline(history_dir: str | Path, *, profile: str, runs: list[str] | N
         if differing:
             raise HarnessError(f"{history_dir}: {fw}: the chosen runs differ in config ({', '.join(differing)}); "
                                "a baseline is one experiment: choose runs with --runs")
-        first = float(np.median([r["metrics"]["reward_first10"] for r in fw_rows]))
-        last_ = float(np.median([r["metrics"]["reward_last10"] for r in fw_rows]))
-        target = first + REWARD_TARGET_FRACTION * (last_ - first)
+        target = _reward_target(fw_rows)
         newest = fw_rows[-1]
         frameworks[fw] = {
             "framework_version": newest["framework_version"],

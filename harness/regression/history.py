@@ -23,10 +23,10 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import atomic_path, read_json_object, strict_json
+from harness.io import atomic_path, strict_json
+from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results import layout
-from harness.results.metrics import read_metrics
-from harness.results.summarize import reward_curve
+from harness.results.summarize import read_steps, read_summary, reward_curve
 
 SCHEMA_VERSION = 1
 # The columns of summary.csv that are measurements (the rest are identity or counts).
@@ -37,9 +37,17 @@ HISTORY_METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_t
            "reward_gain", "task_accuracy_first10", "task_accuracy_last10", "eval_accuracy_before",
            "eval_accuracy_after", "mfu_gen", "mfu_train", "mfu_step")
 CURVE_POINTS = 50
-REQUIRED = {"schema": int, "pipeline_run": str, "pipeline_time": str, "profile": str, "hardware": str,
-            "framework": str, "framework_version": str, "config_hash": str, "run_id": str, "seed": int,
-            "metrics": dict, "curve": dict, "provenance": dict}
+# A row as append writes it, and as the baseline and the check read it back.
+ROW = {"schema": INTEGER, "pipeline_run": TEXT, "pipeline_time": TEXT, "profile": TEXT, "hardware": TEXT,
+       "framework": TEXT, "framework_version": TEXT, "config_hash": TEXT, "run_id": TEXT, "seed": INTEGER,
+       "created": TEXT, "metrics": OBJECT, "metrics.*": or_null(NUMBER),
+       "curve": OBJECT, "curve.step": LIST, "curve.step.*": INTEGER, "curve.elapsed_s": LIST,
+       "curve.elapsed_s.*": NUMBER, "curve.reward": LIST, "curve.reward.*": or_null(NUMBER),
+       "provenance": OBJECT, "provenance.config": OBJECT, "provenance.git": OBJECT, "provenance.versions": OBJECT,
+       "provenance.hardware": OBJECT, "provenance.inputs": OBJECT}
+REQUIRED = ("schema", "pipeline_run", "pipeline_time", "profile", "hardware", "framework", "framework_version",
+            "config_hash", "run_id", "seed", "metrics", "curve", "curve.step", "curve.elapsed_s", "curve.reward",
+            "provenance", "provenance.config")
 
 
 def hardware_label(hw: dict) -> str:
@@ -81,25 +89,17 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
     summary_path = layout.path(results_dir, layout.SUMMARY)
     if not summary_path.is_file():
         raise HarnessError(f"{summary_path}: missing: no pipeline run in {results_dir} (run the pipeline first)")
-    try:
-        summary = pd.read_csv(summary_path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise HarnessError(f"{summary_path}: not a summary CSV ({e})") from None
-    missing = [c for c in ("framework", "framework_version", "run_id", "seed", "throughput_tok_s")
-               if c not in summary.columns]
-    if missing or summary.empty:
-        raise HarnessError(f"{summary_path}: not a summary (" + (f"missing {', '.join(missing)})" if missing
-                                                                 else "no rows)"))
+    summary = read_summary(summary_path)
+    if "framework_version" not in summary.columns or summary.empty:
+        raise HarnessError(f"{summary_path}: not a summary (" + ("no rows)" if summary.empty
+                                                                 else "missing framework_version)"))
     digest = hashlib.sha256(summary_path.read_bytes())
     rows = []
     for r in summary.to_dict("records"):
         manifest_path = layout.path(results_dir, layout.RUN, framework=r["framework"], seed=r["seed"]) / "manifest.json"
-        manifest = read_json_object(manifest_path, "manifest", " (the run directory has no manifest)")
+        manifest = read_manifest(manifest_path, ("profile", "config_hash", "config", "hardware", "created"))
         digest.update(manifest_path.read_bytes())
-        for key in ("profile", "config_hash", "config", "hardware", "created"):
-            if key not in manifest:
-                raise HarnessError(f"{manifest_path}: lacks {key!r}")
-        metrics = read_metrics(layout.path(results_dir, layout.METRICS, framework=r["framework"], seed=r["seed"]))
+        metrics = read_steps(layout.path(results_dir, layout.METRICS, framework=r["framework"], seed=r["seed"]))
         rows.append({
             "schema": SCHEMA_VERSION,
             "profile": manifest["profile"],
@@ -151,18 +151,9 @@ def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tu
 
 
 def _check_row(row: object, where: str) -> dict:
-    if not isinstance(row, dict):
-        raise HarnessError(f"{where}: expected a JSON object per line")
-    for key, kind in REQUIRED.items():
-        if key not in row:
-            raise HarnessError(f"{where}: row lacks {key!r}")
-        if not isinstance(row[key], kind) or (kind is int and isinstance(row[key], bool)):
-            raise HarnessError(f"{where}: {key!r} should be {kind.__name__}, got {type(row[key]).__name__}")
+    row = check_shape(row, ROW, where, REQUIRED, "row")
     if row["schema"] != SCHEMA_VERSION:
         raise HarnessError(f"{where}: history schema {row['schema']} (this harness reads {SCHEMA_VERSION})")
-    for name, value in row["metrics"].items():
-        if value is not None and not isinstance(value, (int, float)):
-            raise HarnessError(f"{where}: metric {name!r} is not a number ({value!r})")
     return row
 
 
@@ -173,13 +164,15 @@ def read_history(history_dir: str | Path) -> list[dict]:
         raise HarnessError(f"{history_dir}: expected the history directory, found a file")
     rows = []
     for path in sorted(history_dir.glob("*.jsonl")):
-        with open(path) as f:
+        with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 where = f"{path}:{lineno}"
-                if not line.endswith("\n"):
+                if not line.endswith(b"\n"):
                     raise HarnessError(f"{where}: incomplete row (no line end): the file was cut off")
                 try:
-                    row = strict_json(line)
+                    row = strict_json(line.decode())
+                except UnicodeDecodeError as e:
+                    raise HarnessError(f"{where}: corrupt row, not UTF-8 text ({e.reason})") from None
                 except json.JSONDecodeError as e:
                     raise HarnessError(f"{where}: corrupt row, not valid JSON ({e.msg}, column {e.colno})") from None
                 except ValueError as e:

@@ -22,9 +22,11 @@ from harness.config import validate_config
 from harness.frameworks import get_adapter
 from harness.frameworks.launch import environment_packages, launch
 from harness.inputs import resolve_inputs
-from harness.io import config_hash, read_json_object, write_json
-from harness.results.metrics import read_metrics
+from harness.io import check_replaceable, config_hash, write_json
+from harness.regression.records import read_manifest
+from harness.results import layout
 from harness.results.reproducibility import first_divergence, verdict_text
+from harness.results.summarize import read_steps
 from harness.runtime.manifest import git_commit, hardware, package_versions
 
 RECORD = "reproduce.json"
@@ -72,7 +74,7 @@ def run_steps(run_dir: Path, framework: str) -> pd.DataFrame:
     """A run directory's steps in the common schema."""
     own = run_dir / "metrics.parquet"  # an embedded backend writes its metrics; a framework's are ingested
     if own.is_file():
-        return read_metrics(own)
+        return read_steps(own)
     adapter = get_adapter(framework)
     return adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
 
@@ -84,8 +86,10 @@ def reproduce(run_dir: str | Path, out: str | Path, inputs_dir: str | Path | Non
     run_dir, out = Path(run_dir), Path(out)
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise HarnessError(f"{out}: the rerun would overwrite the original run {run_dir}; give another --out")
-    manifest = read_json_object(run_dir / "manifest.json", "manifest", " (not a finished run directory)")
+    manifest = read_manifest(run_dir / "manifest.json", ("framework", "seed", "run_id", "config", "config_hash",
+                                                         "inputs", "inputs.dataset", "inputs.dataset.path"))
     framework, seed = manifest["framework"], manifest["seed"]
+    check_replaceable(out, layout.run_owner(framework, seed))  # before the checks and the run, not after them
     config = validate_config(manifest["config"], source=f"{run_dir}/manifest.json config")
     inputs_dir = Path(inputs_dir) if inputs_dir else Path(manifest["inputs"]["dataset"]["path"]).parent
     found = differences(manifest, config, inputs_dir)

@@ -2,8 +2,10 @@
 
 It writes into its output directory index.html (one self-contained page: stylesheet inlined, figures embedded),
 throughput.md and throughput.csv (the shared comparison table), runs.csv (every planned run's status) and the
-figures' PNGs. Every planned run (config frameworks x seeds) is listed as ok, failed or not run; a failed or
-missing run never stops the report.
+figures' PNGs. The directory is written whole (harness.io.atomic_path, owner layout.report_owner): an interrupted or
+failed report leaves the previous one as it was, and the output never replaces a folder that is not a report (a
+results directory, a run). Every planned run (config frameworks x seeds) is listed as ok, failed or not run; a failed
+or missing run never stops the report.
 
 Modules: runs (what the results directory holds per run), tables (the data frames and throughput.md), claims
 (published claims beside this run), figures (the PNGs), page (index.html from templates/report.html.j2,
@@ -15,11 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.frameworks.registry import on_cpu
-from harness.io import atomic_path, write_text
+from harness.io import atomic_path
+from harness.regression.records import INTEGER, NUMBER, OBJECT, or_null
 from harness.report import figures, page
 from harness.report.claims import claims_table, load_claims
 from harness.report.repeats import reproducibility_view
-from harness.report.runs import collect_runs, read_json, results_config, status_frame
+from harness.report.runs import collect_runs, read_record, results_config, status_frame
 from harness.report.tables import (
     eval_accuracy,
     fairness_table,
@@ -37,38 +40,46 @@ from harness.report.tables import (
 from harness.results import layout
 
 CLAIMS_PATH = Path(__file__).resolve().parents[2] / "workflows" / "report" / "claims.yaml"
+# What the page shows of inputs/reward/reward.json: how well a trained reward model ranks held-out pairs.
+REWARD_RECORD = {"pair_accuracy_eval": or_null(NUMBER), "eval_pairs": or_null(INTEGER),
+                 "pair_accuracy_eval_by_mistake": OBJECT, "pair_accuracy_eval_by_mistake.*": NUMBER}
 
 
 def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path = CLAIMS_PATH,
            summary_path: str | Path | None = None) -> None:
     """Write index.html, throughput.md/.csv, runs.csv and the figures' PNGs into out_dir, from the results directory
-    and the summarize stage's table (default: the results directory's summary.csv)."""
-    results, out = Path(results_dir), Path(out_dir)
+    and the summarize stage's table (default: the results directory's summary.csv). out_dir is written whole or not
+    at all, and replaces only an earlier report: a failed render leaves the previous report as it was."""
+    results = Path(results_dir)
+    with atomic_path(out_dir, owner=layout.report_owner()) as out:
+        out.mkdir()
+        _write(results, out, Path(claims_path), Path(summary_path) if summary_path else None)
+
+
+def _write(results: Path, out: Path, claims_path: Path, summary_path: Path | None) -> None:
     config = results_config(results)
-    claims = load_claims(Path(claims_path))
+    claims = load_claims(claims_path)
     problems: list[str] = []
-    runs = collect_runs(results, config, problems, Path(summary_path) if summary_path else None)
+    runs = collect_runs(results, config, problems, summary_path)
     warmup = config["remax"]["warmup_steps"]
     fraction = config["report"]["time_to_reward_fraction"]
     per_run = run_table(runs, warmup)
     table = throughput_table(per_run)
     ttr, target = time_to_reward_table(runs, fraction)
     truth = truth_table(runs)
-    out.mkdir(parents=True, exist_ok=True)
     pngs = figures.draw(out, list(config["frameworks"]), runs, per_run, table, ttr, target, truth=not truth.empty)
-    write_text(out / "throughput.md", throughput_markdown(table))
-    with atomic_path(out / "throughput.csv") as tmp:
-        table.to_csv(tmp, index=False)
-    with atomic_path(out / "runs.csv") as tmp:
-        status_frame(runs).to_csv(tmp, index=False)
+    (out / "throughput.md").write_text(throughput_markdown(table))
+    table.to_csv(out / "throughput.csv", index=False)
+    status_frame(runs).to_csv(out / "runs.csv", index=False)
     cpu_run = on_cpu(config) or config["launch"]["gpus_per_node"] == 0
     data = page.PageData(
         config=config, results=results, runs=runs, findings=findings(table, ttr, runs, fraction, cpu_run),
         throughput=table,
         own_throughput=own_throughput_table(runs, warmup), step_time=step_time_table(per_run),
         time_to_reward=ttr, target=target, eval_accuracy=eval_accuracy(per_run), truth=truth,
-        reward_record=read_json(layout.path(results, layout.REWARD_RECORD), problems) if not truth.empty else None,
+        reward_record=read_record(layout.path(results, layout.REWARD_RECORD), problems, REWARD_RECORD,
+                                  "reward record") if not truth.empty else None,
         fairness=fairness_table(config, runs), reward=reward_table(runs),
         conformance=read_conformance(results, runs, problems), claims=claims_table(claims, runs, table, config),
         problems=problems, reproducibility=reproducibility_view(results, config, runs, problems))
-    write_text(out / "index.html", page.html(data, pngs))
+    (out / "index.html").write_text(page.html(data, pngs))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from harness import HarnessError
 from harness.config import validate_config
+from harness.io import read_document
 from harness.report.runs import Run
 from harness.report.tables import config_value, fmt, same_value
 
@@ -19,14 +19,17 @@ RUN_SETTING = ("remax.max_prompt_length", "remax.max_response_length", "remax.ge
 
 
 def load_claims(path: Path) -> dict:
-    try:
-        claims = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise HarnessError(f"{path}: unreadable claims file ({e})") from None
+    claims = read_document(path, "claims file") or {}
+    if not isinstance(claims, dict):
+        raise HarnessError(f"{path}: a claims file is a mapping of throughput and ratios lists")
     defaults = validate_config({})
     for section, required in (("throughput", ("framework", "tokens_per_s", "hardware", "setting", "source")),
                               ("ratios", ("faster", "slower", "ratio", "hardware", "setting", "source"))):
-        for i, c in enumerate(claims.get(section, [])):
+        entries = claims.get(section, [])
+        if not isinstance(entries, list) or not all(isinstance(c, dict) and isinstance(c.get("setting", {}), dict)
+                                                    for c in entries):
+            raise HarnessError(f"{path}: at {section}: a list of mappings, each with a setting mapping")
+        for i, c in enumerate(entries):
             missing = [k for k in required if k not in c]
             if missing:
                 raise HarnessError(f"{path}: at {section}[{i}]: missing {', '.join(missing)}")

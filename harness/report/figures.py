@@ -17,7 +17,6 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from harness.io import atomic_path
 from harness.report.runs import Run
 from harness.report.tables import fmt
 from harness.results.summarize import edge_window
@@ -38,8 +37,7 @@ def _png(fig: Figure, dest: Path) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     data = buf.getvalue()
-    with atomic_path(dest) as tmp:
-        tmp.write_bytes(data)
+    dest.write_bytes(data)  # into the report's own temporary folder, which is renamed into place whole
     return data
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
+from harness.regression.records import OBJECT, TEXT
 from harness.regression.reproduce import RECORD, run_steps
-from harness.report.runs import Run, read_json
+from harness.report.runs import Run, read_record
 from harness.report.tables import fmt
 from harness.results import layout
 from harness.results.reproducibility import greedy_responses, run_figures, spread_rows, step0_agreement
@@ -36,7 +37,8 @@ def reproducibility_view(results: Path, config: dict, runs: list[Run], problems:
         for seed in rc["repeat_seeds"]:
             for k in range(2, rc["repeats"] + 1):
                 repeat_dir = layout.path(results, layout.REPEAT, framework=fw, seed=seed, repeat=k)
-                record = read_json(repeat_dir / RECORD, problems)
+                record = read_record(repeat_dir / RECORD, problems, {"verdict": TEXT, "text": TEXT}, "reproduce record",
+                                     ("verdict", "text"))
                 verdicts.append({"framework": fw, "seed": seed, "repeat": k,
                                  "verdict": record["verdict"] if record else "not run",
                                  "text": record["text"] if record else
@@ -59,7 +61,7 @@ def step0_view(results: Path, runs: list[Run], problems: list[str]) -> list[dict
     run that kept its responses."""
     def responses(run: Run) -> dict[str, str] | None:
         path = layout.path(results, layout.RUN, framework=run.framework, seed=run.seed) / "eval.json"
-        record = read_json(path, problems) if run.status == "ok" else None
+        record = read_record(path, problems, {"before": OBJECT}, "eval record") if run.status == "ok" else None
         try:
             return greedy_responses(record, path) if record else None
         except HarnessError as e:

@@ -3,7 +3,6 @@ not run (docs/report.md). A failed or missing run is a status here, never an err
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +12,10 @@ import pandas as pd
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
-from harness.io import read_json_object
+from harness.io import read_json_object, strict_json
+from harness.regression.records import LIST, MANIFEST, OBJECT, TEXT, Kind, check_shape, or_null
 from harness.results import layout
-from harness.results.metrics import read_metrics
-from harness.results.summarize import read_summary
+from harness.results.summarize import read_steps, read_summary
 
 LOG_TAIL_LINES = 30
 
@@ -43,15 +42,37 @@ class Run:
         return self.metrics
 
 
-def read_json(path: Path, problems: list[str]) -> dict | None:
-    """The JSON in `path`, or None when it is absent; an unreadable file is also named in `problems`."""
+def _read_json(path: Path, problems: list[str]) -> object:
+    """The JSON in `path`, or None when it is absent; a file that is not JSON is also named in `problems`."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        return strict_json(path.read_bytes())
+    except (OSError, ValueError) as e:  # not JSON, not UTF-8, NaN or Infinity
         problems.append(f"{path}: unreadable ({e})")
         return None
+
+
+def read_record(path: Path, problems: list[str], shape: dict[str, Kind], what: str,
+                required: tuple[str, ...] = ()) -> dict | None:
+    """The JSON object in `path` with every field the report reads of it of its kind (harness.regression.records),
+    or None when it is absent, not JSON or of another shape (named in `problems`, file and field, like a run that
+    failed): one damaged record never stops the report of the others (docs/report.md)."""
+    record = _read_json(path, problems)
+    if record is None:
+        return None
+    try:
+        return check_shape(record, shape, path, required, what)
+    except HarnessError as e:
+        problems.append(str(e))
+        return None
+
+
+# What the report reads of a plan.json (the adapters' plan functions write it).
+PLAN = {"run_id": TEXT, "framework_version": TEXT, "inputs": OBJECT, "inputs.*": OBJECT,
+        "inputs.*.sha256": or_null(TEXT), "hyperparameters": LIST, "hyperparameters.*": OBJECT,
+        "hyperparameters.*.key": TEXT, "hyperparameters.*.framework_key": TEXT, "deviations": LIST,
+        "deviations.*": OBJECT, "deviations.*.key": TEXT, "deviations.*.cause": TEXT}
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -166,7 +187,7 @@ def _upstream_failure(results: Path, run: Run, config: dict) -> str | None:
     return None
 
 
-def _summary_of(run_id: str, metrics_path: Path, summary_path: Path, summary: pd.DataFrame | None) -> dict:
+def _summary_of(run: Run, run_id: str, metrics_path: Path, summary_path: Path, summary: pd.DataFrame | None) -> dict:
     """The run's row of the summarize stage's table, which must have been written after its metrics."""
     if summary is None:
         raise HarnessError(f"{summary_path}: missing; summarize the runs first (the summarize rule, or "
@@ -176,7 +197,25 @@ def _summary_of(run_id: str, metrics_path: Path, summary_path: Path, summary: pd
                            "was left out)")
     if metrics_path.stat().st_mtime > summary_path.stat().st_mtime:
         raise HarnessError(f"{summary_path}: older than {metrics_path} (summarize again)")
-    return summary.loc[run_id].to_dict()
+    row = summary.loc[run_id].to_dict()
+    if (row["framework"], row["seed"]) != (run.framework, run.seed):
+        raise HarnessError(f"{summary_path}: its row of run {run_id} is {row['framework']} seed {row['seed']}, "
+                           f"not {run.framework} seed {run.seed} as {metrics_path} (summarize again)")
+    return row
+
+
+def _read_summary(path: Path, config: dict, results: Path) -> pd.DataFrame | None:
+    """The summarize stage's table, every row of a configured framework: another framework's row would be
+    compared as if it had been planned."""
+    if not path.exists():
+        return None
+    summary = read_summary(path)
+    foreign = ~summary["framework"].isin(config["frameworks"])
+    if foreign.any():
+        i = int(foreign.to_numpy().argmax())
+        raise HarnessError(f"{path}:{i + 2}: framework {summary['framework'].iloc[i]!r} is not one of the "
+                           f"frameworks of {layout.path(results, layout.CONFIG)}")
+    return summary
 
 
 def collect_runs(results: Path, config: dict, problems: list[str], summary_path: Path | None = None) -> list[Run]:
@@ -184,22 +223,23 @@ def collect_runs(results: Path, config: dict, problems: list[str], summary_path:
     summary.csv) does not cover, mark the run failed."""
     runs = []
     summary_path = summary_path or layout.path(results, layout.SUMMARY)
-    summary = read_summary(summary_path) if summary_path.exists() else None
+    summary = _read_summary(summary_path, config, results)
     for fw in config["frameworks"]:
         adapter = adapter_of(fw)
         for seed in config["seeds"]:
             run = Run(fw, int(seed))
             run_dir = layout.path(results, layout.RUN, framework=fw, seed=seed)
-            run.plan = read_json(layout.path(results, layout.PLAN, framework=fw, seed=seed) / "plan.json", problems)
-            run.manifest = read_json(run_dir / "manifest.json", problems)
+            run.plan = read_record(layout.path(results, layout.PLAN, framework=fw, seed=seed) / "plan.json", problems,
+                                   PLAN, "plan")
+            run.manifest = read_record(run_dir / "manifest.json", problems, MANIFEST, "manifest")
             metrics_path = layout.path(results, layout.METRICS, framework=fw, seed=seed)
             if metrics_path.exists():
                 try:
-                    df = read_metrics(metrics_path)
+                    df = read_steps(metrics_path)
                     if set(df["framework"]) != {fw} or set(df["seed"]) != {seed}:
                         raise HarnessError(f"{metrics_path}: holds framework {sorted(set(df['framework']))} seed "
                                            f"{sorted(set(df['seed']))}, not {fw} seed {seed}")
-                    run.summary = _summary_of(df["run_id"].iloc[0], metrics_path, summary_path, summary)
+                    run.summary = _summary_of(run, df["run_id"].iloc[0], metrics_path, summary_path, summary)
                     run.metrics, run.status = df, "ok"
                 except HarnessError as e:
                     run.status, run.reason = "failed", str(e)

@@ -58,3 +58,14 @@ def run_owner(framework: str, seed: int) -> dict:
 def plan_owner(framework: str, seed: int) -> dict:
     """What a plan directory is, likewise."""
     return {"kind": "plan", "framework": framework, "seed": seed}
+
+
+def checkout_owner(framework: str) -> dict:
+    """What a framework's source checkout is (the NAME_checkout rule writes it last): no commit in it, so a new
+    pinned commit may replace the harness's own checkout."""
+    return {"kind": "checkout", "framework": framework}
+
+
+def report_owner() -> dict:
+    """What a report directory is: a report may replace a report, and nothing else (a results directory, a run)."""
+    return {"kind": "report"}

@@ -6,6 +6,7 @@ aggregate over the run's accelerators (the HybridFlow definition), and per accel
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +52,9 @@ REQUIRED_FINITE = ["time_step_s", "tokens_prompt", "tokens_response", "reward_me
 FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
 
 
+MAX_COUNT = 1 << 53  # steps, seeds, GPUs: above it a float64 (pandas, JSON readers) no longer holds each integer
+
+
 def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     """Per-step records -> the common schema, with derived throughput; raise naming `source` if anything is off."""
     if not rows:
@@ -59,7 +63,15 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     missing = [c for c in {**IDENTITY, **MEASURED} if c not in df.columns]
     if missing:
         raise HarnessError(f"{source}: step records lack {', '.join(missing)}")
-    step_time = df["time_step_s"].astype("float64")
+    for c in (c for c, kind in SCHEMA.items() if kind == "int64"):
+        fits = df[c].map(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)
+                         and float(v).is_integer() and 0 <= float(v) < MAX_COUNT)
+        if not fits.all():
+            row = int((~fits).to_numpy().argmax())
+            shown = [v.item() if hasattr(v, "item") else v for v in (df.at[row, "step"], df.at[row, c])]
+            raise HarnessError(f"{source}: record {row + 1} (step {shown[0]!r}): {c} is {shown[1]!r}, not a whole "
+                               f"number from 0 to 2**53")
+    step_time = pd.to_numeric(df["time_step_s"], errors="coerce").astype("float64")
     if (step_time <= 0).any() or step_time.isna().any():
         bad = int(df.loc[(step_time <= 0) | step_time.isna(), "step"].iloc[0])
         raise HarnessError(f"{source}: step {bad}: time_step_s must be a positive number")

@@ -6,7 +6,7 @@ One row per run; the per-framework view (median over seeds, spread) is built fro
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
+from harness.io import read_json_object
 from harness.results.efficiency import ModelShape, model_shape, run_peak, step_flops
-from harness.results.metrics import read_metrics
+from harness.results.metrics import SCHEMA, read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
 
@@ -119,9 +120,11 @@ def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]) -> Callable[
     by_id = {}
     for d in run_dirs:
         try:
-            by_id[json.loads((d / "manifest.json").read_text())["run_id"]] = d
-        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            run_id = read_json_object(d / "manifest.json", "manifest").get("run_id")
+        except HarnessError:
             continue  # an unreadable manifest names no run: that run's MFU stays empty, saying so below
+        if isinstance(run_id, str):
+            by_id[run_id] = d
 
     def efficiency(metrics: pd.DataFrame) -> dict:
         run_id, n_gpus = metrics["run_id"].iloc[0], int(metrics["n_gpus"].iloc[0] or 0)
@@ -134,26 +137,58 @@ def efficiency_of(config: dict, policy: Path, run_dirs: list[Path]) -> Callable[
 
 
 def read_eval(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return {"run_id": data["run_id"],
-                "eval_accuracy_before": data["before"]["greedy_accuracy"],
-                "eval_accuracy_after": data["after"]["greedy_accuracy"]}
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise HarnessError(f"{path}: not an eval record ({e})") from None
+    data = read_json_object(path, "eval record")
+    sides = [side for when in ("before", "after") if isinstance(side := data.get(when), dict)
+             and "greedy_accuracy" in side]
+    if "run_id" not in data or len(sides) != 2:
+        raise HarnessError(f"{path}: not an eval record (run_id, before.greedy_accuracy and after.greedy_accuracy)")
+    if not isinstance(data["run_id"], str):
+        raise HarnessError(f"{path}: run_id: expected a string, not {data['run_id']!r:.40}")
+    for when, side in zip(("before", "after"), sides):
+        value = side["greedy_accuracy"]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise HarnessError(f"{path}: {when}.greedy_accuracy: expected a number or null, not {value!r:.40}")
+    return {"run_id": data["run_id"], "eval_accuracy_before": sides[0]["greedy_accuracy"],
+            "eval_accuracy_after": sides[1]["greedy_accuracy"]}
 
 
-def _each_readable(paths: list[Path], read: Callable[[Path], dict], partial: bool) -> list[dict]:
-    """read(path) for each path; with `partial`, one that raises HarnessError is left out and named on stderr."""
+def _each_readable(paths: list[Path], read: Callable[[Path], dict], partial: bool) -> list[tuple[Path, dict]]:
+    """(path, read(path)) for each path; with `partial`, one that raises HarnessError is left out and named on
+    stderr."""
     out = []
     for path in paths:
         try:
-            out.append(read(path))
+            out.append((path, read(path)))
         except HarnessError as e:
             if not partial:
                 raise
             print(f"summarize: left out: {e}", file=sys.stderr)
     return out
+
+
+def read_steps(path: str | Path) -> pd.DataFrame:
+    """read_metrics of a file that holds at least one step, each column of its schema type: every stage after
+    ingest computes on a run's steps (a step number that is text or 1.5 was not written by ingest)."""
+    df = read_metrics(path)
+    if df.empty:
+        raise HarnessError(f"{path}: no steps (an empty metrics file)")
+    wrong = [c for c, kind in SCHEMA.items() if kind in ("int64", "float64") and str(df[c].dtype) != kind]
+    if wrong:
+        raise HarnessError(f"{path}: column {wrong[0]} holds {df[wrong[0]].dtype} values, not "
+                           f"{SCHEMA[wrong[0]]} (not a metrics file written by `remax-bench ingest`)")
+    return df
+
+
+def _summary_row(path: Path, warmup_steps: int, efficiency: Callable[[pd.DataFrame], dict] | None) -> dict:
+    """summarize_run of one metrics file. A figure that came out infinite (a CPU time or phase time of 0 divides by
+    it) is refused, naming the run and the column: in summary.csv it would pass for a measurement and stop the
+    report and the check downstream. NaN stays: it is a figure the run did not measure."""
+    df = read_steps(path)
+    row = summarize_run(df, warmup_steps, efficiency(df) if efficiency else None)
+    infinite = [k for k, v in row.items() if isinstance(v, float) and math.isinf(v)]
+    if infinite:
+        raise HarnessError(f"{path}: run {row['run_id']}: {infinite[0]} is {row[infinite[0]]}, not a finite number")
+    return row
 
 
 def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: int,
@@ -163,30 +198,72 @@ def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: in
     pipeline run does, which marks that run failed itself; otherwise one such run fails the summary."""
     if not metric_files:
         raise HarnessError("summarize: no metrics files given")
-    def summary_row(path: Path) -> dict:
-        df = read_metrics(path)
-        return summarize_run(df, warmup_steps, efficiency(df) if efficiency else None)
-
-    rows = _each_readable(metric_files, summary_row, partial)
+    rows = [row for _, row in _each_readable(
+        metric_files, lambda path: _summary_row(path, warmup_steps, efficiency), partial)]
     if not rows:
         raise HarnessError("summarize: no run could be summarized")
     summary = pd.DataFrame(rows)
     if summary["run_id"].duplicated().any():
         twice = summary.loc[summary["run_id"].duplicated(), "run_id"].iloc[0]
         raise HarnessError(f"summarize: run {twice} given twice")
-    evals = pd.DataFrame(_each_readable(eval_files, read_eval, partial),
+    records = _each_readable(eval_files, read_eval, partial)
+    seen: dict[str, Path] = {}
+    for path, record in records:
+        if record["run_id"] in seen:  # a run directory copied: which accuracy is the run's cannot be told
+            raise HarnessError(f"{seen[record['run_id']]}, {path}: two eval records of run {record['run_id']}")
+        seen[record["run_id"]] = path
+    evals = pd.DataFrame([record for _, record in records],
                          columns=["run_id", "eval_accuracy_before", "eval_accuracy_after"])
     summary = summary.merge(evals, on="run_id", how="left")
     return summary.sort_values(["framework", "seed"], ignore_index=True)
 
 
-def read_summary(path: Path) -> pd.DataFrame:
-    """The summarize stage's table, indexed by run_id, for the stages after it (the report), which do not summarize
-    again."""
+# The columns of summary.csv that are text, and those that count (summarize_run's row); every other one is a figure.
+SUMMARY_TEXT = ("framework", "framework_version", "run_id", "peak_source")
+SUMMARY_COUNTS = ("seed", "n_gpus", "steps", "measured_steps")
+
+
+def _text(path: Path) -> str:
+    data = path.read_bytes()
     try:
-        summary = pd.read_csv(path)
-        with open(path, newline="") as f:  # pandas fills a row cut short (a truncated file) with NaN: count fields
-            short = next((i for i, row in enumerate(csv.reader(f), 1) if len(row) != len(summary.columns)), None)
+        return data.decode()
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise HarnessError(f"{path}:{line}: not UTF-8 text ({e.reason})") from None
+
+
+def _checked_columns(summary: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """The table with every run named, every figure a number (empty: not measured) and never infinite, and every
+    count a whole number; HarnessError naming the line and the column of the first cell that is not."""
+    def refuse(bad: pd.Series, column: str, expected: str) -> None:
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            value = summary[column].iloc[i]
+            shown = repr(value) if isinstance(value, str) else value
+            raise HarnessError(f"{path}:{i + 2}: {column} is {shown}, not {expected}")
+
+    for column in ("run_id", "framework"):
+        refuse(summary[column].isna(), column, "a name")
+    for column in (c for c in summary.columns if c not in SUMMARY_TEXT):
+        raw = summary[column]
+        values = pd.to_numeric(raw, errors="coerce")
+        refuse((raw.notna() & values.isna()) | np.isinf(values), column, "a finite number")
+        if column in SUMMARY_COUNTS:
+            refuse(values.isna() | (values % 1 != 0) | (values.abs() >= 2**63), column, "a whole number")
+            values = values.astype("int64")
+        summary[column] = values
+    return summary
+
+
+def read_summary(path: Path) -> pd.DataFrame:
+    """The summarize stage's table, indexed by run_id, for the stages after it (the report, the history), which do
+    not summarize again."""
+    try:
+        text = _text(path)
+        summary = pd.read_csv(io.StringIO(text), dtype=dict.fromkeys(SUMMARY_TEXT, str))
+        # pandas fills a row cut short (a truncated file) with NaN: count fields
+        short = next((i for i, row in enumerate(csv.reader(io.StringIO(text, newline="")), 1)
+                      if len(row) != len(summary.columns)), None)
     except (OSError, ValueError, csv.Error) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
         raise HarnessError(f"{path}: not a summary table ({e})") from None
     if short is not None:
@@ -194,6 +271,7 @@ def read_summary(path: Path) -> pd.DataFrame:
     missing = [c for c in ("run_id", "framework", "seed", "reward_last10", "throughput_tok_s") if c not in summary]
     if missing:
         raise HarnessError(f"{path}: lacks column(s) {', '.join(missing)} (summarize again with this version)")
+    summary = _checked_columns(summary, path)
     if summary["run_id"].duplicated().any():
         raise HarnessError(f"{path}: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} twice")
     return summary.set_index("run_id", drop=False)

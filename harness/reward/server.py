@@ -8,8 +8,17 @@ query that does not begin with its prompt is refused rather than scored wrongly.
 (harness.reward.correct) whatever the reward's kind, so a reward model's score can be read against true accuracy.
 GET /health answers which reward is served (kind, what, sha256) and what was served so far (requests, texts,
 score calls, failed calls, requests refused as overloaded, requests waiting now). Bad requests get a 4xx with a JSON
-`{"error": ...}` naming what is wrong, and the server keeps serving. It listens on loopback unless told otherwise:
-it has no authentication.
+`{"error": ...}` naming what is wrong, and the server keeps serving: a request line or header the HTTP parser refuses
+(400, 414, 431, 501 or 505), a body that is not JSON, nested past the parser's limit, or holding a number Python
+cannot convert (an integer of more than 4300 digits; 400), and a text holding a lone surrogate (400: no tokenizer
+encodes it, and scored it would fail its whole batch). It listens on loopback unless told otherwise: it has no
+authentication.
+
+Slow clients: a request's line, headers and body must all arrive within `request_timeout_s` (REQUEST_TIMEOUT_S, 60 s)
+of its first byte, however the client spaces its bytes; otherwise it is answered 408 `{"error": ...}` and its
+connection closed. A keep-alive connection idle between requests is closed unanswered after IDLE_TIMEOUT_S: no request
+is pending there, and an unsolicited 408 would be read as the answer to the client's next request. Writing an answer
+may block at most IDLE_TIMEOUT_S (a client that does not read it is dropped).
 
 Batching: OpenRLHF sends one request per sample, all of a rollout at once, so requests arrive together. One
 scoring thread takes everything queued when it becomes free (whole requests, up to `max_batch` texts; a larger
@@ -32,8 +41,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -42,10 +53,13 @@ import urllib.error
 import urllib.request
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import HarnessError, reward
 from harness.reward.shared import SharedReward
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 REWARD_PATHS = ("/", "/get_reward")
 HEALTH_PATH = "/health"
@@ -56,6 +70,11 @@ DEFAULT_MAX_BODY = 8 << 20  # a 1024-prompt batch of 2k-token texts is ~10 MB at
 DEFAULT_MAX_PENDING = 4096
 DEFAULT_MAX_BATCH = 64  # texts per score call; the config's reward.batch_size default
 RETRY_AFTER_S = 1  # OpenRLHF's clients wait 1 s between tries whatever it says
+# A whole request, from its first byte: a client sends even a 10 MB body within a second or two, so a request still
+# arriving after a minute comes from a stalled or hostile client, which holds a thread meanwhile.
+REQUEST_TIMEOUT_S = 60.0
+IDLE_TIMEOUT_S = 60  # a keep-alive connection between requests, and one write of an answer
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class RequestError(Exception):
@@ -78,6 +97,11 @@ def parse_request(payload: object) -> tuple[list[str], list[str], list[str]]:
         value = payload[f]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"field {f!r} must be a list of strings")
+        for i, text in enumerate(value):
+            if surrogate := LONE_SURROGATE.search(text):
+                raise RequestError(HTTPStatus.BAD_REQUEST,
+                                   f"{f}[{i}] is not Unicode text: a lone surrogate {surrogate.group()!r} at index "
+                                   f"{surrogate.start()}")
     lengths = {f: len(payload[f]) for f in FIELDS}
     if len(set(lengths.values())) != 1:
         raise RequestError(HTTPStatus.BAD_REQUEST, "query, prompts and labels must have the same length, got "
@@ -200,6 +224,34 @@ class Batcher:
                 start += len(job.prompts)
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A connection's incoming bytes. Without a `deadline` a read waits IDLE_TIMEOUT_S; with one, no read ends after
+    it, so the deadline bounds a request as a whole (a socket timeout bounds each read, not their sum). `expired`
+    tells that a read failed because the deadline passed."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline: float | None = None
+        self.expired = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        if self.deadline is None:
+            self._sock.settimeout(IDLE_TIMEOUT_S)
+            return self._sock.recv_into(buffer)
+        try:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request's deadline has passed")
+            self._sock.settimeout(left)
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            self.expired = True
+            raise
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection across requests
     server_version = "remax-bench-reward"
@@ -207,10 +259,49 @@ class _Handler(BaseHTTPRequestHandler):
     # client's delayed ACK on every request.
     disable_nagle_algorithm = True
     server: RewardServer
-    timeout = 60  # seconds a connection may sit idle or send a short body before it is dropped
+    timeout = IDLE_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the stdlib's reader, replaced by one that bounds each request as a whole
+        self._reader = _DeadlineReader(self.connection)
+        self._incoming = self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline, self._reader.expired = None, False
+        try:
+            waiting = self._incoming.peek(1)
+        except TimeoutError:  # idle: no request is pending (see the module docstring)
+            waiting = b""
+        if not waiting:
+            self.close_connection = True
+            return
+        self._reader.deadline = time.monotonic() + self.server.request_timeout_s
+        # The stdlib reads the line before it sets these; a request that times out in its line is still answered.
+        self.requestline, self.request_version, self.command = "", self.protocol_version, ""
+        # The stdlib drops a connection whose read times out, unanswered.
+        super().handle_one_request()
+        if self._reader.expired:
+            with contextlib.suppress(OSError):  # the stalled client may be gone
+                self._refuse(HTTPStatus.REQUEST_TIMEOUT,
+                             f"the request did not arrive within {self.server.request_timeout_s:g} s of its first byte")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The stdlib's answer to a request line or header it refuses (or an unknown method): JSON, as every answer
+        here, where the stdlib writes HTML."""
+        text = message or HTTPStatus(code).phrase
+        self._refuse(HTTPStatus(code), f"{text}: {explain}" if explain else text)
+
+    def _refuse(self, status: HTTPStatus, message: str) -> None:
+        """Answer a request that could not be read whole, and close its connection: what is left of it is unknown."""
+        self.close_connection = True
+        # A line without an HTTP version leaves the stdlib's HTTP/0.9, whose answers have no status line.
+        self.request_version = self.protocol_version
+        self._error(status, message)
 
     def _send(self, status: HTTPStatus, obj: dict) -> None:
         body = json.dumps(obj).encode()
+        self.connection.settimeout(self.timeout)  # reads leave it at what was left of the request's deadline
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -232,6 +323,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             self._post()
+        except TimeoutError:
+            raise  # the body came too slowly (answered 408 by handle_one_request) or the client does not read
         except Exception as e:  # never drop a connection without an answer; the batch's own errors are answered 500
             self.close_connection = True
             self.log_error("%s %s: %s: %s", self.command, self.path, type(e).__name__, e)
@@ -260,6 +353,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return self._error(HTTPStatus.BAD_REQUEST, f"body is not valid JSON: {e}")
+        except ValueError as e:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+            return self._error(HTTPStatus.BAD_REQUEST, f"a number in the body cannot be parsed: {e}")
         except RecursionError:  # a request is two levels deep; Python's parser stops near a thousand
             return self._error(HTTPStatus.BAD_REQUEST, "body is JSON nested too deep to parse")
         try:
@@ -282,14 +377,15 @@ class RewardServer(ThreadingHTTPServer):
     request_queue_size = 1024  # every rollout request opens its own connection (OpenRLHF's client does)
 
     def __init__(self, host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
-                 max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+                 max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.batcher = Batcher(shared_reward, max_pending, max_batch)
         try:
             super().__init__((host, port), _Handler)
         except BaseException:
             self.batcher.close()
             raise
-        self.max_body = max_body
+        self.max_body, self.request_timeout_s = max_body, request_timeout_s
         self.identity = shared_reward.identity
 
     def server_close(self) -> None:

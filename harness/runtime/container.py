@@ -15,17 +15,25 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import subprocess
+import unicodedata
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import atomic_path, sha256_file, write_json
+from harness.io import atomic_path, check_replaceable, sha256_file, write_json
 from harness.results import layout
 from harness.runtime import envs
 from harness.runtime.launch_script import shell_word, shell_words
 
 # Where a generated definition puts the description and setup scripts inside the image.
 IN_IMAGE = "/opt/remax-bench"
+# The characters a path in a generated definition may hold. Apptainer reads the definition line by line (a newline
+# in a path starts a section of its own, e.g. a %post that runs at build time), replaces {{ NAME }} with build
+# arguments, splits a %files line at spaces outside double quotes (which cannot be escaped), and expands each source
+# with `/bin/sh -c 'for n in SOURCE ; do printf "$n\0"; done'`, escaping only spaces (internal/pkg/build/files
+# expandPath): a quote, `$`, a backquote, `;`, `*`, `%` or a backslash there would run or change the build.
+DEFINITION_PATH = re.compile(r"[A-Za-z0-9/._+,:@= -]+")
 
 
 def image_path(name: str) -> Path:
@@ -80,15 +88,33 @@ def launch_check(name: str, config: dict) -> str:
             f" (remax-bench image {name})\" >&2\n  exit 2\nfi\n")
 
 
+def definition_path(path: str | Path, where: str) -> str:
+    """`path` as a word of a definition's %files line; a HarnessError naming it (on one line) and `where` it comes
+    from when Apptainer would read it as anything but that path."""
+    text = str(path)
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise HarnessError(f"{where}: {text!r} holds a control character (a newline would add a section to the "
+                           "image's definition); rename the file")
+    if not DEFINITION_PATH.fullmatch(text):
+        odd = "".join(sorted(set(DEFINITION_PATH.sub("", text))))
+        raise HarnessError(f"{where}: {text!r} holds {odd!r}, which apptainer build would read as definition or "
+                           "shell syntax; rename the file (or move the repository) to a path of ASCII letters, "
+                           "digits, spaces and /._+,:@=-")
+    return f'"{text}"' if " " in text else text
+
+
 def definition(name: str, settings: dict) -> str:
     """An Apptainer definition: the published image, less `uninstall`, plus the pinned description and `setup`."""
     bootstrap, _, ref = settings["from"].partition("://")
     spec = envs.spec_path(name)
     scripts = [envs.REPO / s for s in settings["setup"]]
+    where = f"config: at container.images.{name}.setup"
+    files = [(definition_path(spec, f"environment {name!r}"),
+              definition_path(f"{IN_IMAGE}/{spec.name}", f"environment {name!r}"))]
     for script in scripts:
+        files.append((definition_path(script, where), definition_path(f"{IN_IMAGE}/{script.name}", where)))
         if not script.is_file():
-            raise HarnessError(f"config: at container.images.{name}.setup: {script} is not a file")
-    files = [(spec, f"{IN_IMAGE}/{spec.name}"), *((s, f"{IN_IMAGE}/{s.name}") for s in scripts)]
+            raise HarnessError(f"{where}: {script} is not a file")
     pip = ["python3", "-m", "pip"]
     install = [*pip, "install", "--no-cache-dir", "--disable-pip-version-check"]
     post = [
@@ -129,6 +155,8 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
     settings = image_settings(name, config)
     apptainer = config["container"]["apptainer"]
     out = Path(out).absolute() if out else image_path(name)
+    for dest in (out, out.with_suffix(".json")):  # the record beside the image too, before a build of minutes
+        check_replaceable(dest)
     text = definition(name, settings) if settings["install"] else None
     try:
         version = subprocess.run([apptainer, "--version"], capture_output=True, text=True, check=True)

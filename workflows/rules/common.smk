@@ -1,7 +1,7 @@
 import json
 import os
 
-from harness.config import arms_from_config, validate_config
+from harness.config import arms_from_config, refuse_large_files, validate_config
 from harness.frameworks import conformance_env, environment, get_adapter, not_runnable, sources
 from harness.results import layout
 from harness.runtime import envs
@@ -15,6 +15,7 @@ def ab_arms():
 
 
 # Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.
+refuse_large_files(workflow.configfiles)
 config.update(validate_config(config, source="snakemake config"))
 
 # Timed runs hold the one `timed_run` slot, so two timed runs never overlap on a machine; untimed jobs may.

@@ -6,7 +6,8 @@ rule freeze_config:
     conda:
         "../envs/harness.yaml"
     params:
-        config=json.dumps(config, sort_keys=True),
+        # A function, so that Snakemake does not read a brace in a config value as a wildcard.
+        config=lambda wildcards: json.dumps(config, sort_keys=True),
     shell:
         "remax-bench freeze-config --json {params.config:q} --out {output:q} > {log:q} 2>&1"
 

@@ -17,6 +17,7 @@ from harness import HarnessError
 from harness.frameworks.dschat.launcher import EVAL_LOG
 from harness.frameworks.dschat.plan import NAME
 from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
+from harness.io import text_lines
 from harness.results import metrics
 
 ESTIMATED = "tokens_estimated"  # extra column: True where tokens come from batch size x configured lengths
@@ -46,26 +47,25 @@ def parse_printed(path: Path) -> list[dict]:
     Per step main.py prints End-to-End, Generation, Training (perf.py), then the Average reward line.
     """
     steps: list[dict] = []
-    with open(path, errors="replace") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.rstrip("\n")
-            prefix = _PREFIX.match(line)  # matches every line (the prefix is optional)
-            body = line[prefix.end() if prefix else 0:].rstrip()
-            kind = next((k for k, (start, _) in PRINTED.items() if body.startswith(start)), None)
-            if kind is None:
-                continue
-            m = PRINTED[kind][1].fullmatch(body)
-            if m is None:
-                raise HarnessError(f"{path}:{lineno}: garbled DeepSpeed-Chat line (not in perf.py/main.py's format): "
-                                   f"{line[:200]!r}")
-            seen = list(steps[-1]) if steps else []
-            follows = (kind == "e2e" and (not seen or len(seen) >= 3)) or seen == list(_ORDER[:_ORDER.index(kind)])
-            if not follows:
-                raise HarnessError(f"{path}:{lineno}: {PRINTED[kind][0]!r} line out of order (after "
-                                   f"{', '.join(PRINTED[k][0] for k in seen) or 'nothing'} in this step)")
-            if kind == "e2e":
-                steps.append({})
-            steps[-1][kind] = {k: float(v) for k, v in m.groupdict().items()}
+    for lineno, raw in text_lines(path, errors="replace"):
+        line = raw.rstrip("\n")
+        prefix = _PREFIX.match(line)  # matches every line (the prefix is optional)
+        body = line[prefix.end() if prefix else 0:].rstrip()
+        kind = next((k for k, (start, _) in PRINTED.items() if body.startswith(start)), None)
+        if kind is None:
+            continue
+        m = PRINTED[kind][1].fullmatch(body)
+        if m is None:
+            raise HarnessError(f"{path}:{lineno}: garbled DeepSpeed-Chat line (not in perf.py/main.py's format): "
+                               f"{line[:200]!r}")
+        seen = list(steps[-1]) if steps else []
+        follows = (kind == "e2e" and (not seen or len(seen) >= 3)) or seen == list(_ORDER[:_ORDER.index(kind)])
+        if not follows:
+            raise HarnessError(f"{path}:{lineno}: {PRINTED[kind][0]!r} line out of order (after "
+                               f"{', '.join(PRINTED[k][0] for k in seen) or 'nothing'} in this step)")
+        if kind == "e2e":
+            steps.append({})
+        steps[-1][kind] = {k: float(v) for k, v in m.groupdict().items()}
     if steps and len(steps[-1]) < 3:
         raise HarnessError(f"{path}: the last step's printed lines are incomplete (the run stopped mid-print)")
     return steps
@@ -95,25 +95,23 @@ def _printed_row(step: int, block: dict, n_gpus: int) -> dict:
 
 def _read_json_lines(path: Path) -> list[dict]:
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{lineno}: not a JSON step record ({e.msg})") from None
-            missing = [k for k in ("step", "time_step_s", "tokens_prompt", "tokens_response") if k not in row] \
-                if isinstance(row, dict) else ["a JSON object"]
-            if missing:
-                raise HarnessError(f"{path}:{lineno}: step record lacks {', '.join(missing)}")
-            rows.append(row)
+    for lineno, line in text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:  # NaN passes here: the common schema names its step
+            raise HarnessError(f"{path}:{lineno}: not a JSON step record ({getattr(e, 'msg', e)})") from None
+        missing = [k for k in ("step", "time_step_s", "tokens_prompt", "tokens_response") if k not in row] \
+            if isinstance(row, dict) else ["a JSON object"]
+        if missing:
+            raise HarnessError(f"{path}:{lineno}: step record lacks {', '.join(missing)}")
+        rows.append(row)
     return rows
 
 
 def _is_json_lines(path: Path) -> bool:
-    with open(path, errors="replace") as f:
-        first = next((line for line in f if line.strip()), "")
+    first = next((line for _, line in text_lines(path, errors="replace") if line.strip()), "")
     return first.lstrip().startswith("{")
 
 

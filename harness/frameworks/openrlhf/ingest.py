@@ -18,6 +18,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.openrlhf.plan import LOG, NAME, REMAX_DIR
 from harness.frameworks.registry import greedy_evaluation, run_plan
+from harness.io import text_lines
 from harness.results import metrics
 from harness.runtime import envs
 
@@ -45,8 +46,11 @@ def _literal(text: str) -> Any:
 
 def _samples_per_prompt(plan_: dict, path: Path) -> int:
     for h in plan_.get("hyperparameters", []):
-        if h.get("key") == "remax.rollout_n":
-            return int(h["effective"])
+        if isinstance(h, dict) and h.get("key") == "remax.rollout_n":
+            n = h.get("effective")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise HarnessError(f"{path}: plan.json's remax.rollout_n is {n!r}, not a number of samples")
+            return n
     raise HarnessError(f"{path}: plan.json lists no remax.rollout_n hyperparameter")
 
 
@@ -82,21 +86,20 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         identity = {k: plan_[k] for k in ("framework", "framework_version", "run_id", "seed")}
         gpus = plan_["n_gpus"] if n_gpus is None else n_gpus
         per_prompt = _samples_per_prompt(plan_, path)
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                if "✨ Global step" not in line:
-                    continue
-                where = f"{path}:{lineno}"
-                match = STEP_LINE.search(ANSI.sub("", line))
-                if not match:
-                    raise HarnessError(f"{where}: garbled OpenRLHF step line (expected '✨ Global step N: {{...}}')")
-                try:
-                    status = _literal(match.group(2))
-                except (ValueError, SyntaxError) as e:
-                    raise HarnessError(f"{where}: the step's metrics are not a Python dict literal ({e})") from None
-                if not isinstance(status, dict):
-                    raise HarnessError(f"{where}: the step's metrics are not a dict")
-                rows.append({**identity, **_row(status, int(match.group(1)), gpus, per_prompt, where)})
+        for lineno, line in text_lines(path, errors="replace"):
+            if "✨ Global step" not in line:
+                continue
+            where = f"{path}:{lineno}"
+            match = STEP_LINE.search(ANSI.sub("", line))
+            if not match:
+                raise HarnessError(f"{where}: garbled OpenRLHF step line (expected '✨ Global step N: {{...}}')")
+            try:
+                status = _literal(match.group(2))
+            except (ValueError, SyntaxError, RecursionError, MemoryError) as e:
+                raise HarnessError(f"{where}: the step's metrics are not a Python dict literal ({e})") from None
+            if not isinstance(status, dict):
+                raise HarnessError(f"{where}: the step's metrics are not a dict")
+            rows.append({**identity, **_row(status, int(match.group(1)), gpus, per_prompt, where)})
     return metrics.to_frame(rows, ", ".join(map(str, logs)))
 
 

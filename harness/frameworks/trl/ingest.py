@@ -16,6 +16,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
 from harness.frameworks.trl.plan import EVAL_LOG, NAME, STEPS_LOG, TRL_LOG
+from harness.io import text_lines
 from harness.results import metrics
 
 
@@ -24,15 +25,14 @@ def parse_printed(path: Path) -> list[dict]:
     with :.4g (trainer_callback.py PrinterCallback.on_log, Transformers 5.24). The closing summary line (train_runtime)
     is not a step."""
     steps = []
-    with open(path, errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.startswith("{'loss': "):
-                continue
-            try:
-                logged = ast.literal_eval(line.strip())
-                steps.append({k: float(v) for k, v in logged.items() if k in ("num_tokens", "step_time", "reward")})
-            except (ValueError, SyntaxError) as e:
-                raise HarnessError(f"{path}:{lineno}: garbled TRL log line ({e}): {line[:200]!r}") from None
+    for lineno, line in text_lines(path, errors="replace"):
+        if not line.startswith("{'loss': "):
+            continue
+        try:
+            logged = ast.literal_eval(line.strip())
+            steps.append({k: float(v) for k, v in logged.items() if k in ("num_tokens", "step_time", "reward")})
+        except (ValueError, TypeError, SyntaxError, AttributeError, RecursionError, MemoryError) as e:
+            raise HarnessError(f"{path}:{lineno}: garbled TRL log line ({e}): {line[:200]!r}") from None
     return steps
 
 
@@ -44,11 +44,13 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
             continue
         ident = {k: v for k, v in run_plan(path, NAME).items() if k in PLAN_IDENTITY and k != "n_gpus"}
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        for lineno, line in text_lines(path):
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HarnessError(f"{path}:{lineno}: not a JSON step record ({e.msg})") from None
+            except (ValueError, RecursionError) as e:  # NaN passes here: the common schema names its step
+                raise HarnessError(f"{path}:{lineno}: not a JSON step record ({getattr(e, 'msg', e)})") from None
+            if not isinstance(row, dict):
+                raise HarnessError(f"{path}:{lineno}: a step record is a JSON object, not {type(row).__name__}")
             rows.append({**row, **ident, **({"n_gpus": n_gpus} if n_gpus is not None else {})})
         printed = path.with_name(TRL_LOG)
         own = parse_printed(printed) if printed.is_file() else []

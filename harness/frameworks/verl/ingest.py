@@ -15,7 +15,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.registry import PLAN_IDENTITY, run_plan
 from harness.frameworks.verl.plan import METRICS_LOG, NAME, VALIDATION_GENERATIONS
-from harness.io import read_jsonl
+from harness.io import read_jsonl, text_lines
 from harness.results import metrics
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -61,8 +61,8 @@ def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
         return None
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{where}: not a verl file-logger record ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # orjson's NaN is null, json's is NaN: both pass
+        raise HarnessError(f"{where}: not a verl file-logger record ({getattr(e, 'msg', e)})") from None
     if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict)):
         raise HarnessError(f"{where}: expected a verl file-logger record {{\"step\": N, \"data\": {{...}}}}")
     # orjson writes NaN as null.
@@ -126,11 +126,10 @@ def evaluation(run_dir: Path) -> dict | None:
     if not log.is_file():
         return None
     records = []
-    with open(log, errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            parsed = _parse_jsonl_line(line, f"{log}:{lineno}")
-            if parsed and any(k.startswith(VALIDATION) for k in parsed[1]):
-                records.append(parsed)
+    for lineno, line in text_lines(log, errors="replace"):
+        parsed = _parse_jsonl_line(line, f"{log}:{lineno}")
+        if parsed and any(k.startswith(VALIDATION) for k in parsed[1]):
+            records.append(parsed)
     if len(records) < 2:
         return None
 
@@ -166,17 +165,16 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         ident, devices = _identity(log, n_gpus)
         parse = _parse_jsonl_line if log.suffix == ".jsonl" else _parse_console_line
         found = 0
-        with open(log, errors="replace") as f:
-            for lineno, line in enumerate(f, 1):
-                where = f"{log}:{lineno}"
-                parsed = parse(line, where)
-                if parsed is None:
-                    continue
-                step, data = parsed
-                if data and all(k.startswith(VALIDATION) for k in data):
-                    continue
-                rows.append(_step_row(step, data, where, ident, devices))
-                found += 1
+        for lineno, line in text_lines(log, errors="replace"):
+            where = f"{log}:{lineno}"
+            parsed = parse(line, where)
+            if parsed is None:
+                continue
+            step, data = parsed
+            if data and all(k.startswith(VALIDATION) for k in data):
+                continue
+            rows.append(_step_row(step, data, where, ident, devices))
+            found += 1
         if not found:
             raise HarnessError(f"{log}: no verl training-step metrics found (expected "
                                + ("file-logger records" if log.suffix == ".jsonl" else "'step:N - ...' lines")

@@ -1,0 +1,58 @@
+"""No command overwrites a file it did not write (docs/design.md, "Nothing deleted"): every subcommand that takes
+`--out FILE` (or writes a file of a fixed name into a folder it is given), pointed at a file of the user's, refuses
+with exit 2 and one line naming it, and the file is as it was; pointed at its own earlier output, it replaces it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_exit_codes import tiny  # noqa: F401 (the module fixture: a finished 3-step reference run)
+from test_malformed_inputs import remax_bench
+from test_regression import nights
+
+MINE = "my own notes, not remax-bench's\n"
+
+
+def writers(t: dict, tmp) -> dict:
+    """name -> (the file it writes, its arguments). A results folder with a history for the receipt."""
+    results = nights(tmp / "results", 2)
+    return {
+        "freeze-config": (tmp / "config.json", ["freeze-config", "--json", "{}", "--out", tmp / "config.json"]),
+        "ingest": (tmp / "m.parquet", ["ingest", "reference", t["run"], "--out", tmp / "m.parquet"]),
+        "summarize": (tmp / "s.csv", ["summarize", "--config", t["config"], "--metrics", t["metrics"],
+                                      "--out", tmp / "s.csv"]),
+        "inputs dataset": (tmp / "inputs" / "dataset.jsonl",
+                           ["inputs", "dataset", "--config", t["config"], "--inputs", tmp / "inputs"]),
+        "history append --receipt": (tmp / "receipt.json", ["history", "append", "--results", results,
+                                                            "--receipt", tmp / "receipt.json"]),
+        "preflight": (tmp / "preflight.md", ["preflight", "--config", t["config"], "--out", tmp / "preflight.md"]),
+        # refused before the environment is built (minutes), so this costs nothing
+        "env": (tmp / "python.txt", ["env", "reference-none", "--out", tmp / "python.txt"]),
+        # the record `image` writes beside the image, which no argument names; refused before apptainer is called
+        "image": (tmp / "verl.json", ["image", "verl", "--config", t["config"], "--out", tmp / "verl.sif"]),
+    }
+
+
+@pytest.mark.parametrize("name", ["freeze-config", "ingest", "summarize", "inputs dataset",
+                                  "history append --receipt", "preflight", "env", "image"])
+def test_out_on_a_file_of_the_users_is_refused_and_left_as_it_was(tiny, tmp_path, name):  # noqa: F811
+    dest, argv = writers(tiny, tmp_path)[name]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(MINE)
+    rc, err = remax_bench(*argv)
+    assert rc == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert len(lines) == 1 and f"{dest}: an existing file that remax-bench did not write" in lines[0], err
+    assert dest.read_text() == MINE
+
+
+def test_a_rerun_replaces_the_file_it_wrote_and_not_one_edited_since(tiny, tmp_path):  # noqa: F811
+    dest, argv = writers(tiny, tmp_path)["summarize"]
+    for _ in range(2):
+        assert remax_bench(*argv)[0] == 0
+    dest.write_text(dest.read_text() + "# my note\n")
+    rc, err = remax_bench(*argv)
+    assert rc == 2 and "or that was changed since" in err and dest.read_text().endswith("# my note\n")
+    written = json.loads((tmp_path / ".remax-bench-files.json").read_text())
+    assert set(written) == {"s.csv"}  # what it recorded: the one file it wrote here
