@@ -277,6 +277,25 @@ def text_lines(path: str | os.PathLike, errors: str = "strict") -> Iterator[tupl
                 yield lineno, line
 
 
+# What of a log is read for a failed run's cause and tail: a long run's console can be gigabytes, and what names why
+# it stopped (Ray's death notices, the last traceback) comes at its end.
+LOG_TAIL_BYTES = 2 << 20
+
+
+def log_tail(path: str | os.PathLike) -> str:
+    """The last LOG_TAIL_BYTES of a log as text, from the first whole line in them; "" where there is no log."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return ""
+    if size > LOG_TAIL_BYTES:
+        data = data[data.find(b"\n") + 1:]
+    return data.decode(errors="replace")
+
+
 def read_jsonl(path: str | os.PathLike, bad_line: str = "not valid JSON") -> Iterator[tuple[int, object]]:
     """(line number, value) of each line of a JSON-lines file; a line that is not JSON stops it, naming the file and
     the line (`bad_line` says what the line should have been). The caller checks each value's shape."""

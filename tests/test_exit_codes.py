@@ -15,10 +15,11 @@ import time
 
 import pytest
 import yaml
-from conftest import run_cli, snakemake
+from conftest import REPO, run_cli, snakemake
 from test_history import make_results
 from test_regression import nights
 
+from harness import HarnessError
 from harness.io import OWNER
 from harness.results.layout import HISTORY
 
@@ -233,6 +234,20 @@ def test_a_yaml_alias_bomb_is_refused_at_once_by_the_cli_and_by_the_workflow(tmp
     proc = snakemake(tmp_path, "-n", "--configfile", config)  # Snakemake loads it itself, keeping the aliases shared
     assert proc.returncode != 0 and "a YAML alias (*name) of a block used elsewhere" in proc.stdout + proc.stderr
     assert time.monotonic() - start < 60
+
+
+def test_an_alias_bomb_is_refused_by_ab_and_in_the_reports_claims(tmp_path):
+    """`ab --config` read its YAML with PyYAML's own loader (29 s, 2.4 GB, then MemoryError); so did the claims."""
+    from harness.report.claims import load_claims
+
+    config = tmp_path / "bomb.yaml"
+    config.write_text(BOMB)
+    start = time.monotonic()
+    proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--config", config, "--out", tmp_path / "ab", cwd=REPO)
+    one_line_error(proc, config, "line 2: a YAML alias")
+    assert time.monotonic() - start < 30 and not (tmp_path / "ab").exists()
+    with pytest.raises(HarnessError, match="line 2: a YAML alias"):
+        load_claims(config)
 
 
 def test_an_oversized_config_is_refused_before_it_is_parsed(tmp_path):

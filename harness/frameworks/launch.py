@@ -21,7 +21,7 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks import get_adapter, read_plan
-from harness.io import atomic_path, write_json
+from harness.io import atomic_path, log_tail, write_json
 from harness.results import layout
 from harness.results.efficiency import framework_cpu_peak
 from harness.runtime import container
@@ -33,24 +33,7 @@ EVAL = "eval.json"  # what harness.results.summarize.read_eval reads, in the ref
 
 
 TAIL_LINES = 40  # of a failed run's log, printed with its error
-# What of a failed run's log is read for its cause and tail: a long run's console can be gigabytes, and what names
-# why it stopped (Ray's death notices, the last traceback) comes at its end.
-LOG_TAIL_BYTES = 2 << 20
 CAUSE_CHARS = 300  # the most a cause adds to a failure's one line: an exception's message can be a whole tensor
-
-
-def log_tail(path: Path) -> str:
-    """The last LOG_TAIL_BYTES of a log as text, from the first whole line in them; "" where there is no log."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - LOG_TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return ""
-    if size > LOG_TAIL_BYTES:
-        data = data[data.find(b"\n") + 1:]
-    return data.decode(errors="replace")
 
 
 # What Ray prints when an actor's process dies (ray.exceptions.ActorDiedError with its ActorDiedErrorContext)

@@ -12,7 +12,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
-from harness.io import read_json_object, strict_json
+from harness.io import log_tail, read_json_object, strict_json
 from harness.regression.records import LIST, MANIFEST, OBJECT, TEXT, Kind, check_shape, or_null
 from harness.results import layout
 from harness.results.summarize import read_steps, read_summary
@@ -76,11 +76,7 @@ PLAN = {"run_id": TEXT, "framework_version": TEXT, "inputs": OBJECT, "inputs.*":
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+    return "\n".join(log_tail(path).rstrip().splitlines()[-lines:])
 
 
 def _logs_tail(results: Path, run: Run) -> str:
