@@ -136,8 +136,8 @@ class Case:
     """A subcommand, one of its input files (`target`, relative to a fresh copy of `source`), its arguments, and the
     damage it must refuse (exit 2) whatever else it reads."""
 
-    def __init__(self, source: Callable[[dict], Path], target: str, argv: Callable[[Path, dict], list],
-                 refuses: set[str]) -> None:
+    def __init__(self, source: Callable[[dict], Path], target: str | Callable[[Path], str],
+                 argv: Callable[[Path, dict], list], refuses: set[str]) -> None:
         self.source, self.target, self.argv, self.refuses = source, target, argv, refuses
 
 
@@ -170,6 +170,14 @@ CASES = {
     "baseline (check)": Case(lambda t: t["history"].parent, "baseline.json",
                              lambda d, t: ["check", "--baseline", d / "baseline.json", "--results", t["history"]],
                              DOCUMENT),
+    "config as --json (freeze-config)": Case(
+        lambda t: t["root"] / "results", "config.json",
+        lambda d, t: ["freeze-config", "--json", (d / "config.json").read_bytes().decode(errors="surrogateescape"),
+                      "--out", d / "new.json"], {"deep", "alias bomb"}),
+    "history (baseline update)": Case(lambda t: t["history"],
+                                      lambda d: min(f"history/{p.name}" for p in (d / "history").glob("*.jsonl")),
+                                      lambda d, t: ["baseline", "update", "--results", d, "--out", d / "new.json"],
+                                      STRICT_LINES),
     "OpenRLHF log (ingest)": Case(lambda t: FIXTURES / "openrlhf" / "run", "openrlhf.log",
                                   lambda d, t: ["ingest", "openrlhf", d, "--out", d.parent / "new.parquet"], CONSOLE),
     "verl file logger (ingest)": Case(lambda t: FIXTURES / "verl" / "run", "verl_metrics.jsonl",
@@ -194,14 +202,15 @@ def inputs(tiny, tmp_path_factory):  # noqa: F811
 def test_malformed_input_is_exit_2_naming_the_file_never_a_traceback(inputs, name):
     case = CASES[name]
     source = case.source(inputs)
-    valid = (source / case.target).read_bytes()
+    target = case.target(source) if callable(case.target) else case.target
+    valid = (source / target).read_bytes()
 
     def on_a_copy(data: bytes) -> tuple[int, str]:
         """The subcommand on a fresh copy of its inputs, `target` holding `data` (never the inputs themselves)."""
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "in"
             shutil.copytree(source, copy)
-            (copy / case.target).write_bytes(data)
+            (copy / target).write_bytes(data)
             return remax_bench(*case.argv(copy, inputs))
 
     # undamaged, the input is read (reproduce then stops at the missing dataset its manifest names: the copy moved)
