@@ -3,9 +3,9 @@
 codes"). The inputs are the real ones, made by the CLI (a finished reference run, its metrics, summary, history and
 baseline) or the framework logs of tests/fixtures; each example damages one file of a fresh copy.
 
-The damage (DAMAGE): bytes that are not UTF-8, nesting 1,000-30,000 deep (past Python's recursion limit, which json and
-PyYAML hit), NaN and Infinity where a number was, a 5,000-digit integer, a value of the wrong type at a key the file
-has, a YAML alias bomb, a line of 17 million characters, any short run of bytes, and a valid file cut short.
+The damage (`damage`): bytes that are not UTF-8, nesting 1,000-30,000 deep (past Python's recursion limit, which
+json and PyYAML hit), NaN and Infinity where a number was, a 5,000-digit integer, a value of the wrong type at a key
+the file has, a YAML alias bomb, a line one byte past the bound, any short run of bytes, and a valid file cut short.
 """
 
 from __future__ import annotations
@@ -145,6 +145,14 @@ def _metrics_dir(t: dict) -> Path:
     return t["metrics"].parent
 
 
+def _dataset_from_file(d: Path, t: dict) -> list:
+    """`inputs dataset` of a config whose task is the prompt file in `d` (tests/test_datasets.py's GSM8K sample)."""
+    config = d / "task.yaml"
+    config.write_text(json.dumps({"task": {"kind": "file", "path": str(d / "gsm8k-sample.jsonl"),
+                                           "prompt_key": "question", "split_key": "split"}}))
+    return ["inputs", "dataset", "--config", config, "--inputs", d / "new-inputs"]
+
+
 CASES = {
     "config (inputs dataset)": Case(lambda t: t["config"].parent, "config.yaml",
                                     lambda d, t: ["inputs", "dataset", "--config", d / "config.yaml",
@@ -178,6 +186,8 @@ CASES = {
                                       lambda d: min(f"history/{p.name}" for p in (d / "history").glob("*.jsonl")),
                                       lambda d, t: ["baseline", "update", "--results", d, "--out", d / "new.json"],
                                       STRICT_LINES),
+    "prompt dataset (inputs dataset, task.kind file)": Case(lambda t: FIXTURES / "datasets", "gsm8k-sample.jsonl",
+                                                            _dataset_from_file, STRICT_LINES),
     "OpenRLHF log (ingest)": Case(lambda t: FIXTURES / "openrlhf" / "run", "openrlhf.log",
                                   lambda d, t: ["ingest", "openrlhf", d, "--out", d.parent / "new.parquet"], CONSOLE),
     "verl file logger (ingest)": Case(lambda t: FIXTURES / "verl" / "run", "verl_metrics.jsonl",
