@@ -503,7 +503,8 @@ def test_a_non_finite_or_unconfigured_summary_value_is_exit_2_naming_the_file_an
     good = pd.read_csv(path)
     row = int(good.index[good["run_id"] == f"{FAST}-s2"][0])
     for column, value in (("throughput_tok_s", "inf"), ("throughput_tok_s", "-Infinity"),
-                          ("time_step_s_median", "fast"), ("framework", "synthetic-elsewhere"), ("seed", "2.5"),
+                          ("time_step_s_median", "fast"), ("framework", "synthetic-elsewhere"),
+                          ("framework", "../../elsewhere"), ("seed", "2.5"),
                           ("reward_gain", "nan")):
         bad = good.astype(object)
         bad.loc[row, column] = value

@@ -272,6 +272,11 @@ def read_summary(path: Path) -> pd.DataFrame:
     if missing:
         raise HarnessError(f"{path}: lacks column(s) {', '.join(missing)} (summarize again with this version)")
     summary = _checked_columns(summary, path)
+    # the stages after it build paths from the framework (runs/<framework>/seed<S>): a name, never "../x"
+    named = summary["framework"].astype(str).str.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+    if not named.all():
+        row = int((~named).to_numpy().argmax())
+        raise HarnessError(f"{path}:{row + 2}: framework {summary['framework'].iloc[row]!r} is not a framework's name")
     if summary["run_id"].duplicated().any():
         raise HarnessError(f"{path}: run {summary.loc[summary['run_id'].duplicated(), 'run_id'].iloc[0]} twice")
     return summary.set_index("run_id", drop=False)
