@@ -70,14 +70,29 @@ def port(text: str) -> int:
     return value
 
 
-def positive(text: str) -> float:
-    """An argparse type: a finite number above 0 (a timeout: NaN would never time out, inf never either)."""
+def _finite(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a number, not {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):  # a timeout of NaN or inf never times out
+        raise argparse.ArgumentTypeError(f"a finite number, not {text!r}")
+    return value
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (a timeout in minutes, a time budget)."""
+    value = _finite(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"a finite number above 0, not {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite wait of 0 or more seconds (0: look once, do not wait)."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a finite number of seconds, 0 or more, not {text!r}")
     return value
 
 

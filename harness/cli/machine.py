@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from harness.cli.args import at_least, config, port, positive
+from harness.cli.args import at_least, config, port, seconds
 
 
 def cmd_env(args: argparse.Namespace) -> None:
@@ -85,7 +85,7 @@ def _serve_reward(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--port", type=port, default=0, help="0 = any free port (printed at start)")
     sp.add_argument("--max-body-bytes", type=at_least(1), default=8 << 20, help="larger request bodies get a 413")
     sp.add_argument("--health-check", metavar="URL", help="instead of serving: wait until the server at URL is healthy")
-    sp.add_argument("--timeout", type=positive, default=60.0,
+    sp.add_argument("--timeout", type=seconds, default=60.0,
                     help="seconds --health-check waits (default: %(default)s)")
     sp.add_argument("--inputs", help="serve the shared reward recorded in this inputs directory (its reward/; "
                                      "default: the rule)")
