@@ -1,9 +1,11 @@
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "workflows" / "config"
@@ -17,8 +19,6 @@ def a100x8_offline(n_train: int, n_eval: int) -> dict:
     """workflows/config/a100x8.yaml as parsed YAML, its Hub dataset and reward model replaced by what exists here (no
     Hub, no 7B reward model): 5-digit addition of the given size, scored by the rule. Everything else is the
     profile's."""
-    import yaml
-
     raw = yaml.safe_load((REPO / "workflows" / "config" / "a100x8.yaml").read_text())
     raw["task"] = {"kind": "addition", "digits": 5, "n_train": n_train, "n_eval": n_eval, "seed": 1234}
     raw["reward"] = {"kind": "rule"}
@@ -27,7 +27,6 @@ def a100x8_offline(n_train: int, n_eval: int) -> dict:
 
 def merged(*names: str) -> dict:
     """Profiles merged over each other as Snakemake merges --configfile over the Snakefile's configfile."""
-    import yaml
 
     def merge(into, over):
         for k, v in over.items():
@@ -56,8 +55,6 @@ def tiny_cpu_config(**policy) -> dict:
 
 def make_inputs(root, raw: dict):
     """The config written to root/config.yaml, and the shared inputs built from it in root/inputs."""
-    import yaml
-
     from harness.config import load_config
     from harness.inputs import build_dataset, build_policy, build_reward
 
@@ -94,8 +91,6 @@ def micro_pipeline(tmp_path_factory):
 @pytest.fixture(scope="module")
 def a100x8(tmp_path_factory):
     """workflows/config/a100x8.yaml with a stand-in checkpoint directory and a dataset of the size it uses."""
-    import yaml
-
     from harness.config import load_config
     from harness.inputs import build_dataset, build_policy, build_reward
 
@@ -112,3 +107,32 @@ def a100x8(tmp_path_factory):
     build_policy(config, root / "inputs")
     build_reward(config, root / "inputs")
     return {"root": root, "config_path": config_path, "config": config, "inputs": root / "inputs"}
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A finished reference run of 3 steps, with its inputs, metrics and summary, made by the CLI (tests read it, never
+    write into it)."""
+    root = tmp_path_factory.mktemp("tiny")
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "profile": "tiny", "seeds": [1], "task": {"n_train": 64, "n_eval": 8},
+        "policy": {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
+                   "sft": {"steps": 1, "batch_size": 8}},
+        "remax": {"steps": 3, "warmup_steps": 1, "train_batch_size": 4, "rollout_n": 2},
+        "reference": {"eval_batch_size": 8}}))
+    proc = run_cli("freeze-config", "--json", json.dumps(yaml.safe_load(config.read_text())),
+                   "--out", root / "results" / "config.json")
+    assert proc.returncode == 0, proc.stderr
+    inputs = root / "results" / "inputs"
+    for what in ("dataset", "policy", "reward"):
+        assert run_cli("inputs", what, "--config", config, "--inputs", inputs).returncode == 0
+    run = root / "results" / "runs" / "reference" / "seed1"
+    proc = run_cli("run", "reference", "--config", config, "--seed", 1, "--out", run, "--inputs", inputs)
+    assert proc.returncode == 0, proc.stderr
+    metrics = root / "results" / "metrics" / "reference" / "seed1.parquet"
+    assert run_cli("ingest", "reference", run, "--out", metrics).returncode == 0
+    proc = run_cli("summarize", "--config", config, "--metrics", metrics, "--runs", run,
+                   "--out", root / "results" / "summary.csv")
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "config": config, "inputs": inputs, "run": run, "metrics": metrics}

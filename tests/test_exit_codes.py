@@ -14,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-import yaml
 from conftest import REPO, run_cli, snakemake
 from test_history import make_results
 from test_regression import nights
@@ -42,34 +41,6 @@ def one_line_error(proc, *names):
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("remax-bench ")]
     assert len(lines) == 1 and all(str(n) in lines[0] for n in names), proc.stderr
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A finished reference run of 3 steps, with its inputs, metrics and summary, made by the CLI."""
-    root = tmp_path_factory.mktemp("tiny")
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "profile": "tiny", "seeds": [1], "task": {"n_train": 64, "n_eval": 8},
-        "policy": {"hidden_size": 16, "intermediate_size": 32, "num_layers": 1, "num_heads": 2,
-                   "sft": {"steps": 1, "batch_size": 8}},
-        "remax": {"steps": 3, "warmup_steps": 1, "train_batch_size": 4, "rollout_n": 2},
-        "reference": {"eval_batch_size": 8}}))
-    proc = run_cli("freeze-config", "--json", json.dumps(yaml.safe_load(config.read_text())),
-                   "--out", root / "results" / "config.json")
-    assert proc.returncode == 0, proc.stderr
-    inputs = root / "results" / "inputs"
-    for what in ("dataset", "policy", "reward"):
-        assert run_cli("inputs", what, "--config", config, "--inputs", inputs).returncode == 0
-    run = root / "results" / "runs" / "reference" / "seed1"
-    proc = run_cli("run", "reference", "--config", config, "--seed", 1, "--out", run, "--inputs", inputs)
-    assert proc.returncode == 0, proc.stderr
-    metrics = root / "results" / "metrics" / "reference" / "seed1.parquet"
-    assert run_cli("ingest", "reference", run, "--out", metrics).returncode == 0
-    proc = run_cli("summarize", "--config", config, "--metrics", metrics, "--runs", run,
-                   "--out", root / "results" / "summary.csv")
-    assert proc.returncode == 0, proc.stderr
-    return {"root": root, "config": config, "inputs": inputs, "run": run, "metrics": metrics}
 
 
 def writers(t, out):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_exit_codes import tiny  # noqa: F401 (the module fixture: a finished 3-step reference run)
 from test_malformed_inputs import remax_bench
 from test_regression import nights
 
@@ -36,7 +35,7 @@ def writers(t: dict, tmp) -> dict:
 
 @pytest.mark.parametrize("name", ["freeze-config", "ingest", "summarize", "inputs dataset",
                                   "history append --receipt", "preflight", "env", "image"])
-def test_out_on_a_file_of_the_users_is_refused_and_left_as_it_was(tiny, tmp_path, name):  # noqa: F811
+def test_out_on_a_file_of_the_users_is_refused_and_left_as_it_was(tiny, tmp_path, name):
     dest, argv = writers(tiny, tmp_path)[name]
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(MINE)
@@ -47,7 +46,7 @@ def test_out_on_a_file_of_the_users_is_refused_and_left_as_it_was(tiny, tmp_path
     assert dest.read_text() == MINE
 
 
-def test_a_rerun_replaces_the_file_it_wrote_and_not_one_edited_since(tiny, tmp_path):  # noqa: F811
+def test_a_rerun_replaces_the_file_it_wrote_and_not_one_edited_since(tiny, tmp_path):
     dest, argv = writers(tiny, tmp_path)["summarize"]
     for _ in range(2):
         assert remax_bench(*argv)[0] == 0

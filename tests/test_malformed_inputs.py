@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_exit_codes import BOMB, tiny  # noqa: F401 (the module fixture: a finished 3-step reference run)
+from test_exit_codes import BOMB
 from test_regression import nights
 
 from harness.cli import main
@@ -200,7 +200,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def inputs(tiny, tmp_path_factory):  # noqa: F811
+def inputs(tiny, tmp_path_factory):
     """`tiny`, with a history of three nights and a baseline written from it by the CLI."""
     root = tmp_path_factory.mktemp("history")
     results = nights(root / "results", 3)
