@@ -26,7 +26,8 @@ from harness import HarnessError
 from harness.io import atomic_path, strict_json
 from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results import layout
-from harness.results.summarize import read_steps, read_summary, reward_curve
+from harness.results.metrics import read_metrics
+from harness.results.summarize import read_summary, reward_curve
 
 SCHEMA_VERSION = 1
 # The columns of summary.csv that are measurements (the rest are identity or counts).
@@ -99,7 +100,7 @@ def pipeline_rows(results_dir: str | Path) -> list[dict]:
         manifest_path = layout.path(results_dir, layout.RUN, framework=r["framework"], seed=r["seed"]) / "manifest.json"
         manifest = read_manifest(manifest_path, ("profile", "config_hash", "config", "hardware", "created"))
         digest.update(manifest_path.read_bytes())
-        metrics = read_steps(layout.path(results_dir, layout.METRICS, framework=r["framework"], seed=r["seed"]))
+        metrics = read_metrics(layout.path(results_dir, layout.METRICS, framework=r["framework"], seed=r["seed"]))
         rows.append({
             "schema": SCHEMA_VERSION,
             "profile": manifest["profile"],

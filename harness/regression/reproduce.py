@@ -25,8 +25,8 @@ from harness.inputs import resolve_inputs
 from harness.io import check_replaceable, config_hash, write_json
 from harness.regression.records import read_manifest
 from harness.results import layout
+from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
-from harness.results.summarize import read_steps
 from harness.runtime.manifest import git_commit, hardware, package_versions
 
 RECORD = "reproduce.json"
@@ -74,7 +74,7 @@ def run_steps(run_dir: Path, framework: str) -> pd.DataFrame:
     """A run directory's steps in the common schema."""
     own = run_dir / "metrics.parquet"  # an embedded backend writes its metrics; a framework's are ingested
     if own.is_file():
-        return read_steps(own)
+        return read_metrics(own)
     adapter = get_adapter(framework)
     return adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
 

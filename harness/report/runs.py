@@ -15,7 +15,8 @@ from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.io import log_tail, read_json_object, strict_json
 from harness.regression.records import LIST, MANIFEST, OBJECT, TEXT, Kind, check_shape, or_null
 from harness.results import layout
-from harness.results.summarize import read_steps, read_summary
+from harness.results.metrics import read_metrics
+from harness.results.summarize import read_summary
 
 LOG_TAIL_LINES = 30
 
@@ -231,7 +232,7 @@ def collect_runs(results: Path, config: dict, problems: list[str], summary_path:
             metrics_path = layout.path(results, layout.METRICS, framework=fw, seed=seed)
             if metrics_path.exists():
                 try:
-                    df = read_steps(metrics_path)
+                    df = read_metrics(metrics_path)
                     if set(df["framework"]) != {fw} or set(df["seed"]) != {seed}:
                         raise HarnessError(f"{metrics_path}: holds framework {sorted(set(df['framework']))} seed "
                                            f"{sorted(set(df['seed']))}, not {fw} seed {seed}")

@@ -111,5 +111,13 @@ def read_metrics(path: str | Path) -> pd.DataFrame:
     missing = [c for c in {**IDENTITY, **MEASURED} if c not in df.columns]
     if missing:
         raise HarnessError(f"{path}: not in the common schema (missing {', '.join(missing)})")
+    if df.empty:  # every stage after ingest computes on a run's steps
+        raise HarnessError(f"{path}: no steps (an empty metrics file)")
     # Written before the optional columns existed: they were not measured.
-    return to_frame(df.to_dict("records"), str(path)) if any(c not in df.columns for c in SCHEMA) else df
+    if any(c not in df.columns for c in SCHEMA):
+        return to_frame(df.to_dict("records"), str(path))
+    wrong = [c for c, kind in SCHEMA.items() if kind in ("int64", "float64") and str(df[c].dtype) != kind]
+    if wrong:
+        raise HarnessError(f"{path}: column {wrong[0]} holds {df[wrong[0]].dtype} values, not {SCHEMA[wrong[0]]} "
+                           "(not a metrics file written by `remax-bench ingest`)")
+    return df

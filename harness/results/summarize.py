@@ -18,7 +18,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.io import read_json_object
 from harness.results.efficiency import ModelShape, model_shape, run_peak, step_flops
-from harness.results.metrics import SCHEMA, read_metrics
+from harness.results.metrics import read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
 
@@ -166,24 +166,11 @@ def _each_readable(paths: list[Path], read: Callable[[Path], dict], partial: boo
     return out
 
 
-def read_steps(path: str | Path) -> pd.DataFrame:
-    """read_metrics of a file that holds at least one step, each column of its schema type: every stage after
-    ingest computes on a run's steps (a step number that is text or 1.5 was not written by ingest)."""
-    df = read_metrics(path)
-    if df.empty:
-        raise HarnessError(f"{path}: no steps (an empty metrics file)")
-    wrong = [c for c, kind in SCHEMA.items() if kind in ("int64", "float64") and str(df[c].dtype) != kind]
-    if wrong:
-        raise HarnessError(f"{path}: column {wrong[0]} holds {df[wrong[0]].dtype} values, not "
-                           f"{SCHEMA[wrong[0]]} (not a metrics file written by `remax-bench ingest`)")
-    return df
-
-
 def _summary_row(path: Path, warmup_steps: int, efficiency: Callable[[pd.DataFrame], dict] | None) -> dict:
     """summarize_run of one metrics file. A figure that came out infinite (a CPU time or phase time of 0 divides by
     it) is refused, naming the run and the column: in summary.csv it would pass for a measurement and stop the
     report and the check downstream. NaN stays: it is a figure the run did not measure."""
-    df = read_steps(path)
+    df = read_metrics(path)
     row = summarize_run(df, warmup_steps, efficiency(df) if efficiency else None)
     infinite = [k for k, v in row.items() if isinstance(v, float) and math.isinf(v)]
     if infinite:
