@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import atomic_path, strict_json
+from harness.io import atomic_path, strict_json, text_lines
 from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results import layout
 from harness.results.metrics import read_metrics
@@ -165,19 +165,17 @@ def read_history(history_dir: str | Path) -> list[dict]:
         raise HarnessError(f"{history_dir}: expected the history directory, found a file")
     rows = []
     for path in sorted(history_dir.glob("*.jsonl")):
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                where = f"{path}:{lineno}"
-                if not line.endswith(b"\n"):
-                    raise HarnessError(f"{where}: incomplete row (no line end): the file was cut off")
-                try:
-                    row = strict_json(line.decode())
-                except UnicodeDecodeError as e:
-                    raise HarnessError(f"{where}: corrupt row, not UTF-8 text ({e.reason})") from None
-                except json.JSONDecodeError as e:
-                    raise HarnessError(f"{where}: corrupt row, not valid JSON ({e.msg}, column {e.colno})") from None
-                except ValueError as e:
-                    raise HarnessError(f"{where}: corrupt row ({e})") from None
-                rows.append(_check_row(row, where) | {"_source": where})
+        # io.text_lines: each line bounded, and bytes that are not UTF-8 named by line
+        for lineno, line in text_lines(path):
+            where = f"{path}:{lineno}"
+            if not line.endswith("\n"):
+                raise HarnessError(f"{where}: incomplete row (no line end): the file was cut off")
+            try:
+                row = strict_json(line)
+            except json.JSONDecodeError as e:
+                raise HarnessError(f"{where}: corrupt row, not valid JSON ({e.msg}, column {e.colno})") from None
+            except ValueError as e:
+                raise HarnessError(f"{where}: corrupt row ({e})") from None
+            rows.append(_check_row(row, where) | {"_source": where})
     rows.sort(key=lambda r: (r["pipeline_time"], r["pipeline_run"], r["framework"], r["seed"]))
     return rows
