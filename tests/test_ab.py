@@ -181,8 +181,10 @@ def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour
     assert record["verdict"]["low"] > 0 and proc.stdout.splitlines()[-1].startswith("B is ")
     assert [p["order"] for p in record["pairs"]][:2] == ["AB", "BA"]  # ABBA
     assert [p["seed"] for p in record["pairs"]][:2] == [1, 2]
+    # The verdict's interval is the decided figure's; tokens/s as measured carries the machine's drift, and with the
+    # two pairs a clear slowdown stops at its interval is wide (t with one degree of freedom): only its ratio is held.
     tokens = next(r for r in record["phases"] if r["figure"] == "tokens/s")
-    assert tokens["ratio"] < 1 and tokens["high"] < 1
+    assert tokens["ratio"] < 1, record["phases"]
     # One harness environment, one reference section: decided at equal machine speed, the probe shown beside it.
     assert record["decided_on"] == "tokens/s at equal machine speed" and record["verdict"]["basis"] == EQUAL_SPEED
     assert {"tokens/s at equal machine speed", "machine-speed probe (time)"} <= {r["figure"] for r in record["phases"]}
