@@ -8,7 +8,7 @@ cpu-short profile, and in how many pairs and minutes.
 matrix into the policy's forward pass (tests/test_ab.py's slower line, smaller: 72 costs about 5%), and runs
 --pairs pairs of A (HEAD) against B (that commit) and as many of A against A, interleaved (AB, AA, BA, AA, ...), each
 run as `ab` runs it (`python -P -m harness.cli run reference` from the arm's checkout), pair k on seed k mod 3. Each
-pair's figures (ab._figures: tokens/s, tokens/s at equal machine speed, the probe) go to --out as they come.
+pair's figures (ab.phase_medians: tokens/s, tokens/s at equal machine speed, the probe) go to --out as they come.
 
 `results` replays `ab`'s sequential decision (ab.decision_basis, paired.decide, the same alpha, looks and minimum) on
 the recorded pairs in 4,000 random orders per arm pair (A against A's arms also swapped at random, as exchangeable
@@ -35,8 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.regression.ab import EQUAL_SPEED, FIGURES, PROBE, _figures, decision_basis, log_ratios  # noqa: E402
-from harness.regression.paired import decide  # noqa: E402
+from harness.comparison.ab import EQUAL_SPEED, FIGURES, PROBE, decision_basis, log_ratios, phase_medians  # noqa: E402
+from harness.comparison.paired import decide  # noqa: E402
 
 CONFIG = REPO / "benchmarks" / "regression_short.yaml"
 WARMUP = 10  # regression_short.yaml's remax.warmup_steps
@@ -60,10 +60,10 @@ def _arms(root: Path, size: int) -> dict[str, Path]:
 
 def _train(tree: Path, seed: int, out: Path, inputs: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    subprocess.run([sys.executable, "-P", "-m", "harness.cli", "run", "reference", "--config", str(CONFIG), "--seed",
+    subprocess.run([sys.executable, "-P", "-m", "harness.cli", "train", "reference", "--config", str(CONFIG), "--seed",
                     str(seed), "--out", str(out), "--inputs", str(inputs)], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    figures = _figures(out, WARMUP)
+    figures = phase_medians(out, WARMUP)
     return {k: figures[k] for k in FIGURES}
 
 

@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from harness.regression.reproduce import run_steps
 from harness.results.reproducibility import run_figures
+from harness.runs.train import run_steps
 
 
 def mode_rows(results: Path) -> dict[str, dict]:

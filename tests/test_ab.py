@@ -19,9 +19,9 @@ import yaml
 from conftest import REPO, run_cli
 
 from harness import HarnessError
+from harness.comparison.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
+from harness.comparison.paired import decide, t_quantile
 from harness.io import write_json
-from harness.regression.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
-from harness.regression.paired import decide, t_quantile
 
 # One short config both arms run: 2 seeds of the reference backend, a few seconds a run; 60 steps so that a run's
 # trailing reward window starts empty (NaN), as in any real profile.
@@ -131,7 +131,7 @@ def test_the_machines_drift_cancels_at_equal_machine_speed_unless_the_probe_itse
 
 
 def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the_same_settings(tmp_path):
-    from harness.regression.ab import PROBE_MODULE, Arm, probe_comparable
+    from harness.comparison.ab import PROBE_MODULE, Arm, probe_comparable
 
     def arm(label: str, probe_edit: tuple[str, str] | None = None, reference: dict | None = None) -> Arm:
         tree = tmp_path / label
@@ -208,6 +208,16 @@ def test_bad_arms_are_refused_before_anything_runs_naming_the_arm(two_commits, t
     proc = run_cli("ab", "--a", "HEAD", "--b", dirty, "--config", config, "--out", out, cwd=clone)
     assert proc.returncode == 2 and f"arm B: {dirty} has uncommitted changes" in proc.stderr, proc.stderr
 
+    # A harness from before `remax-bench train`, the one way an arm trains a run, is refused before it builds or runs.
+    old = tmp_path / "old"
+    subprocess.run(["git", "clone", "-q", str(clone), str(old)], check=True)
+    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
+    subprocess.run(["git", "-C", str(old), *who, "rm", "-q", "harness/runs/train.py"], check=True)
+    subprocess.run(["git", "-C", str(old), *who, "commit", "-qm", "before train"], check=True)
+    proc = run_cli("ab", "--a", "HEAD", "--b", old, "--config", config, "--out", out, cwd=clone)
+    assert proc.returncode == 2 and "its harness has no `remax-bench train` (harness/runs/train.py)" in proc.stderr, \
+        proc.stderr
+
     proc = run_cli("ab", "--a", "HEAD", "--b", "HEAD", "--b-set", '{"task": {"n_train": 300}}', "--config", config,
                    "--out", out, cwd=clone)
     assert proc.returncode == 2 and "would not train the same framework on the same inputs: task.n_train: 200 " \
@@ -258,7 +268,7 @@ def test_an_arms_framework_version_is_the_environment_its_runs_launch_with(tmp_p
     runs that folder's python."""
     from conftest import make_inputs, tiny_cpu_config
 
-    from harness.regression.ab import Arm, arm_environment
+    from harness.comparison.ab import Arm, arm_environment
     from harness.report.ab import package_changes
     from harness.runtime import envs
 
@@ -308,7 +318,7 @@ def test_bisect_takes_a_confirming_ab_as_its_first_round_only_if_it_compared_goo
     """`bisect GOOD BAD --confirmed-by DIR` (what a nightly alert prints after its `ab`) reuses that A/B instead of
     running GOOD against BAD again; any A/B of other commits, config, override, environment or verdict is refused,
     naming what differs."""
-    from harness.regression.bisect import confirmed
+    from harness.comparison.bisect import confirmed
 
     config = tmp_path / "ab.yaml"
     config.write_text(yaml.safe_dump(AB_CONFIG))

@@ -113,8 +113,8 @@ def test_a_framework_is_named_only_in_its_own_folder():
 
 # The stages of harness/, each importing only those before it (docs/design.md, "Layout"). A framework's adapter plans
 # and launches with the runtime's environments and launch skeleton; the config's schema merges the adapters' blocks.
-STAGES = ("io", "remax", "conformance", "reward", "inputs", "results", "runtime", "frameworks", "config",
-          "regression", "report", "cli")
+STAGES = ("io", "remax", "conformance", "reward", "inputs", "results", "runtime", "frameworks", "config", "runs",
+          "regression", "comparison", "report", "cli")
 
 
 def test_no_stage_imports_a_later_one():
@@ -157,3 +157,29 @@ def test_no_module_or_function_of_the_harness_grows_past_its_size():
                   for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert not found, "over the size limits:\n" + "\n".join(found)
+
+
+# Issue #49: one owner of a run's sequence. Planning, an embedded run and a launch are called here and nowhere else in
+# harness/ or benchmarks/ (the CLI, ab, bisect, reproduce and the benchmarks reach them through it).
+RUN_OWNER = "harness/runs/train.py"
+
+
+def test_a_run_is_trained_in_one_place():
+    """An adapter's `plan` or `run`, and harness.frameworks.launch's `launch`, are called only by RUN_OWNER; the rest
+    calls its stage functions (the pipeline's rules through the CLI) or `train`."""
+    found = []
+    for path in sorted([*(REPO / "harness").rglob("*.py"), *(REPO / "benchmarks").glob("*.py")]):
+        where = str(path.relative_to(REPO))
+        if where == RUN_OWNER:
+            continue
+        tree = ast.parse(path.read_text())
+        raw = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and node.module == "harness.frameworks.launch" for a in node.names if a.name == "launch"}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id in raw) or (
+                    isinstance(f, ast.Attribute) and f.attr in ("plan", "run") and "adapter" in ast.unparse(f.value)):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(f)}(...)")
+    assert not found, f"a run's stages called outside {RUN_OWNER}:\n" + "\n".join(found)

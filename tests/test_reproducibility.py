@@ -23,12 +23,12 @@ from harness.frameworks.reference.model import Decoder
 from harness.inputs import resolve_inputs, task
 from harness.inputs.policy import load_policy
 from harness.io import sha256_tree
-from harness.regression.reproduce import RECORD
 from harness.report import render
 from harness.results import layout
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import BEHAVIOUR, first_divergence, greedy_responses, step0_agreement, verdict_text
 from harness.reward.shared import load_shared_reward
+from harness.runs.reproduce import RECORD
 from harness.runtime import envs
 
 TINY = {"profile": "tiny", "seeds": [1, 2], "task": {"n_train": 64, "n_eval": 8},
@@ -277,7 +277,7 @@ def test_reproduce_refuses_a_foreign_out_before_any_work(tmp_path, monkeypatch, 
         raise AssertionError("reproduce worked before checking its --out")
 
     for step in ("validate_config", "differences", "run_steps"):
-        monkeypatch.setattr(f"harness.regression.reproduce.{step}", work)
+        monkeypatch.setattr(f"harness.runs.reproduce.{step}", work)
     _refused(capsys, "reproduce", run, "--out", mine, names=(mine, "not the kind run framework reference seed 1"))
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from harness import HarnessError
-from harness.cli import machine, pipeline, regression
+from harness.cli import comparison, machine, pipeline, regression, runs
 
 EXIT_BAD_INPUT = 2
 EXIT_BUG = 3
@@ -30,7 +30,7 @@ EXIT_BUG = 3
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="remax-bench", description=(__doc__ or "").splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (*pipeline.COMMANDS, *machine.COMMANDS, *regression.COMMANDS):
+    for add in (*pipeline.COMMANDS, *runs.COMMANDS, *machine.COMMANDS, *regression.COMMANDS, *comparison.COMMANDS):
         add(sub)
     return p
 

@@ -1,4 +1,5 @@
-"""Subcommands of the data flow: inputs -> run or plan + launch -> ingest -> summarize (+ conformance) -> report."""
+"""Subcommands of the data flow around the runs (harness.cli.runs): config and inputs before them; summarize,
+conformance and the report after them."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import argparse
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import at_least, config, positive, with_config, with_inputs
-from harness.results import layout
+from harness.cli.args import config, with_config, with_inputs
 
 
 def cmd_freeze_config(args: argparse.Namespace) -> None:
@@ -38,82 +38,6 @@ def _inputs(sub: argparse._SubParsersAction) -> None:
     with_config(sp)
     with_inputs(sp)
     sp.set_defaults(func=cmd_inputs)
-
-
-def cmd_run(args: argparse.Namespace) -> None:
-    from harness.frameworks import get_adapter
-    from harness.io import check_replaceable
-
-    adapter = get_adapter(args.framework)
-    if adapter.run is None:
-        raise HarnessError(f"framework {args.framework!r} is not embedded: use `remax-bench plan {args.framework}` "
-                           "and launch it with its own environment")
-    check_replaceable(args.out, layout.run_owner(args.framework, args.seed))  # before the run, not after it
-    adapter.run(config(args), args.seed, Path(args.out), Path(args.inputs))
-
-
-def cmd_plan(args: argparse.Namespace) -> None:
-    from harness.frameworks import get_adapter
-    from harness.io import check_replaceable
-
-    adapter = get_adapter(args.framework)
-    if adapter.plan is None:
-        raise HarnessError(f"framework {args.framework!r} is embedded: use `remax-bench run {args.framework}`")
-    check_replaceable(args.out, layout.plan_owner(args.framework, args.seed))
-    adapter.plan(config(args), args.seed, Path(args.out), Path(args.inputs))
-
-
-def _run_and_plan(sub: argparse._SubParsersAction) -> None:
-    for name, func, help_ in (("run", cmd_run, "run an embedded backend"),
-                              ("plan", cmd_plan, "write a real framework's launch directory, without running it")):
-        sp = sub.add_parser(name, help=help_)
-        sp.add_argument("framework")
-        with_config(sp)
-        sp.add_argument("--seed", type=at_least(0), required=True)
-        sp.add_argument("--out", required=True)
-        with_inputs(sp)
-        sp.set_defaults(func=func)
-
-
-def cmd_launch(args: argparse.Namespace) -> None:
-    from harness.frameworks.launch import launch
-
-    launch(args.plan_dir, args.out, args.timeout_min, config(args))
-
-
-def _launch(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
-    sp.add_argument("plan_dir")
-    sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
-    sp.add_argument("--timeout-min", type=positive, required=True)
-    with_config(sp)
-    sp.set_defaults(func=cmd_launch)
-
-
-def cmd_ingest(args: argparse.Namespace) -> None:
-    from harness.frameworks import get_adapter
-    from harness.results.metrics import write_metrics
-
-    adapter = get_adapter(args.framework)
-    logs = []
-    for log in map(Path, args.logs):
-        found = sorted(log.glob(adapter.log_glob)) if log.is_dir() else [log]
-        if not found or not all(p.is_file() for p in found):
-            where = f" ({adapter.log_glob})" if log.is_dir() else ""
-            raise HarnessError(f"{log}: no {adapter.name} log found{where}")
-        logs += found
-    df = adapter.ingest(logs, args.n_gpus)
-    write_metrics(df, args.out)
-    print(f"{args.out}: {len(df)} steps from {len(logs)} log(s)")
-
-
-def _ingest(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
-    sp.add_argument("framework")
-    sp.add_argument("logs", nargs="+", help="log files, or run directories")
-    sp.add_argument("--out", required=True)
-    sp.add_argument("--n-gpus", type=at_least(0), default=None)
-    sp.set_defaults(func=cmd_ingest)
 
 
 def cmd_summarize(args: argparse.Namespace) -> None:
@@ -187,4 +111,4 @@ def _report(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_report)
 
 
-COMMANDS = (_freeze_config, _inputs, _run_and_plan, _launch, _ingest, _summarize, _conformance, _report)
+COMMANDS = (_freeze_config, _inputs, _summarize, _conformance, _report)

@@ -1,2 +1,2 @@
-"""Regression alerts: the append-only results history, and the check of the latest run against a baseline
-(docs/regression.md)."""
+"""The nightly check: the append-only results history, its baselines, and the check of the latest pipeline run
+against them, with its alerts (docs/regression.md)."""

@@ -11,8 +11,8 @@ from harness import HarnessError
 from harness.frameworks import known_frameworks
 from harness.io import read_json_object
 from harness.regression.history import SCHEMA_VERSION, read_history
-from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null
 from harness.regression.statistics import MIN_BASELINE_RUNS, REWARD_TARGET_FRACTION, training_time_to
+from harness.results.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null
 
 # What `check` reads of a baseline (build_baseline writes it).
 BASELINE = {"schema": INTEGER, "profile": TEXT, "hardware": TEXT, "frameworks": OBJECT, "frameworks.*": OBJECT,

@@ -278,7 +278,7 @@ def confirm_commands(alerts: list[dict], commits: dict[str, tuple[str | None, st
                      results_dir: Path) -> list[str]:
     """The paired A/B (and bisect) that confirms an alert on this machine, against the baseline's commit: a series
     of nights cannot separate a slower commit from a slower host, a paired comparison in one sitting can
-    (harness.regression.ab)."""
+    (harness.comparison.ab)."""
     out = []
     for fw in sorted({a["framework"] for a in alerts}):
         base, now = commits.get(fw, (None, None))

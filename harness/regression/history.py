@@ -24,9 +24,9 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.io import atomic_path, strict_json, text_lines
-from harness.regression.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results import layout
 from harness.results.metrics import read_metrics
+from harness.results.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results.summarize import read_summary, reward_curve
 
 SCHEMA_VERSION = 1

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from harness.frameworks.registry import on_cpu
 from harness.io import atomic_path
-from harness.regression.records import INTEGER, NUMBER, OBJECT, or_null
 from harness.report import figures, page
 from harness.report.claims import claims_table, load_claims
 from harness.report.repeats import reproducibility_view
@@ -38,6 +37,7 @@ from harness.report.tables import (
     truth_table,
 )
 from harness.results import layout
+from harness.results.records import INTEGER, NUMBER, OBJECT, or_null
 
 CLAIMS_PATH = Path(__file__).resolve().parents[2] / "workflows" / "report" / "claims.yaml"
 # What the page shows of inputs/reward/reward.json: how well a trained reward model ranks held-out pairs.

@@ -1,4 +1,4 @@
-"""The page of an A/B (`remax-bench ab`, harness.regression.ab): the verdict, per-phase differences with their
+"""The page of an A/B (`remax-bench ab`, harness.comparison.ab): the verdict, per-phase differences with their
 intervals, the arms' package differences, behaviour per seed, every pair, and a figure of the phases and the reward
 curves side by side."""
 

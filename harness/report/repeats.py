@@ -9,12 +9,14 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.frameworks import get_adapter
-from harness.regression.records import OBJECT, TEXT
-from harness.regression.reproduce import RECORD, run_steps
 from harness.report.runs import Run, read_record
 from harness.report.tables import fmt
 from harness.results import layout
+from harness.results.metrics import read_metrics
+from harness.results.records import OBJECT, TEXT
 from harness.results.reproducibility import greedy_responses, run_figures, spread_rows, step0_agreement
+from harness.runs.reproduce import RECORD
+from harness.runs.train import METRICS
 
 DIGITS = {"curve": 3, "final_reward": 3, "eval_accuracy": 3, "tokens_per_s": 0}
 
@@ -43,8 +45,8 @@ def reproducibility_view(results: Path, config: dict, runs: list[Run], problems:
                                  "verdict": record["verdict"] if record else "not run",
                                  "text": record["text"] if record else
                                  f"no {RECORD} (see {layout.REPEAT_LOG.format(framework=fw, seed=seed, repeat=k)})"})
-                if record:
-                    repeats.setdefault(seed, []).append(run_figures(run_steps(repeat_dir, fw),
+                if record:  # reproduce trains through runs.train, which keeps the repeat's steps in its METRICS
+                    repeats.setdefault(seed, []).append(run_figures(read_metrics(repeat_dir / METRICS),
                                                                     repeat_dir / "eval.json", warmup))
         if repeats and originals:
             spreads += [{"framework": fw, "figure": row["figure"],

@@ -13,9 +13,9 @@ from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.io import log_tail, read_json_object, strict_json
-from harness.regression.records import LIST, MANIFEST, OBJECT, TEXT, Kind, check_shape, or_null
 from harness.results import layout
 from harness.results.metrics import read_metrics
+from harness.results.records import LIST, MANIFEST, OBJECT, TEXT, Kind, check_shape, or_null
 from harness.results.summarize import read_summary
 
 LOG_TAIL_LINES = 30
@@ -56,7 +56,7 @@ def _read_json(path: Path, problems: list[str]) -> object:
 
 def read_record(path: Path, problems: list[str], shape: dict[str, Kind], what: str,
                 required: tuple[str, ...] = ()) -> dict | None:
-    """The JSON object in `path` with every field the report reads of it of its kind (harness.regression.records),
+    """The JSON object in `path` with every field the report reads of it of its kind (harness.results.records),
     or None when it is absent, not JSON or of another shape (named in `problems`, file and field, like a run that
     failed): one damaged record never stops the report of the others (docs/report.md)."""
     record = _read_json(path, problems)

@@ -32,7 +32,7 @@ REPORT = "report"
 HISTORY = "history"  # the append-only history of pipeline runs (never a rule output: it outlives every run)
 HISTORY_RECEIPT = "history.appended.json"
 ALERTS = "alerts.md"
-AB = "ab"  # `snakemake ab`: a paired A/B of two commits (harness.regression.ab), its page index.md
+AB = "ab"  # `snakemake ab`: a paired A/B of two commits (harness.comparison.ab), its page index.md
 ALERTS_JSON = "alerts.json"
 
 # Logs: one per job, under logs/<stage>/.

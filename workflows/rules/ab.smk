@@ -1,4 +1,4 @@
-# Is B slower than A? A paired A/B of two commits on this machine (harness/regression/ab.py; docs/regression.md):
+# Is B slower than A? A paired A/B of two commits on this machine (harness/comparison/ab.py; docs/regression.md):
 #   snakemake --cores 1 ab --config ab='{a: v0.1, b: HEAD}'
 #   snakemake --cores 1 ab --configfile workflows/config/cpu-frameworks.yaml \
 #       --config ab='{a: HEAD, b: HEAD, framework: dschat, b_env: [dschat-cpu=ds-0.19.7.txt]}'

@@ -7,12 +7,12 @@ framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the con
 reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
 seeds from one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order
 (A B, B A, ...) so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod
-len(seeds). After each pair from the `min_pairs`-th on, harness.regression.paired decides on tokens/s, at equal
+len(seeds). After each pair from the `min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal
 machine speed where both arms' runs time the reference backend's probe alike (decision_basis); per-phase step times
 (generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves
 are compared step by step, so a change in behaviour is told apart from a change in speed.
 
-`remax-bench bisect GOOD BAD` (harness.regression.bisect) drives `git bisect run` with this comparison.
+`remax-bench bisect GOOD BAD` (harness.comparison.bisect) drives `git bisect run` with this comparison.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import HarnessError
+from harness.comparison.paired import decide, interval
 from harness.config import MAX_CONFIG_BYTES
 from harness.frameworks import get_adapter
 from harness.frameworks.registry import environment
 from harness.io import atomic_path, read_document, read_json_object, sha256_file, write_json
 from harness.regression.history import sampled_reward_curve
-from harness.regression.paired import decide, interval
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
+from harness.runs.train import METRICS
 from harness.runtime import envs
 
 RECORD = "ab.json"
@@ -50,6 +51,7 @@ PHASES = {"throughput_tok_s": "tokens/s", "time_gen_s": "generation", "time_tran
 # shared CPU's drift slows with the step and the run's own code cannot (harness.frameworks.reference.backend).
 PROBE = "time_probe_s"
 PROBE_MODULE = "harness/frameworks/reference/backend.py"
+TRAIN_MODULE = "harness/runs/train.py"  # where an arm's harness trains a run (one owner of the sequence)
 EQUAL_SPEED = "throughput_equal_speed"
 FIGURES = {**PHASES, EQUAL_SPEED: "tokens/s at equal machine speed", PROBE: "machine-speed probe (time)"}
 EXIT = {"same": 0, "faster": 0, "not slower": 0, "slower": 1, "inconclusive": 4}
@@ -150,21 +152,15 @@ def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say:
     return {"description": str(spec), "digest": digest, "packages": freeze.stdout.split()}
 
 
-def _train(arm: Arm, framework: str, planned: bool, seed: int, run: Path, inputs: Path, timeout_min: float,
-           log: Path) -> None:
-    """One run of the arm: the embedded backend's, or a planned framework's plan, launch and ingest."""
-    if not planned:
-        _cli(arm, "run", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs, log=log)
-        return
-    plan = run.with_name(f"{run.name}.plan")
-    _cli(arm, "plan", framework, "--config", arm.config, "--seed", seed, "--out", plan, "--inputs", inputs, log=log)
-    _cli(arm, "launch", plan, "--out", run, "--timeout-min", timeout_min, "--config", arm.config, log=log)
-    _cli(arm, "ingest", framework, run, "--out", run / "metrics.parquet", log=log)
+def _train(arm: Arm, framework: str, seed: int, run: Path, inputs: Path, timeout_min: float, log: Path) -> None:
+    """One run of the arm, trained by the arm's own code (harness.runs.train, through its CLI)."""
+    _cli(arm, "train", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs,
+         "--timeout-min", timeout_min, log=log)
 
 
-def _figures(run: Path, warmup: int) -> dict:
+def phase_medians(run: Path, warmup: int) -> dict:
     """Each phase's median after warm-up; None for a phase the framework does not time (ab.json holds no NaN)."""
-    steps = read_metrics(run / "metrics.parquet")
+    steps = read_metrics(run / METRICS)
     measured = steps[steps["step"] > warmup]
     medians = {k: float(measured[k].median()) for k in PHASES}
     if not math.isfinite(medians["throughput_tok_s"]):
@@ -230,6 +226,10 @@ def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
     for arm in arms:
         if arm.worktree:
             git(repo, "worktree", "add", "--detach", str(arm.tree), arm.commit)
+        if not (arm.tree / TRAIN_MODULE).is_file():  # type: ignore[operator]
+            raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): its harness has no `remax-bench train` "
+                               f"({TRAIN_MODULE}), which trains each run of an A/B: compare commits from the one that "
+                               "added it on")
         arm.config = tmp / f"config-{arm.label}.json"
         _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
              log=logs / f"{arm.label}.log")
@@ -291,7 +291,7 @@ def decision_basis(pairs: list[dict], comparable: bool, alpha: float) -> str:
     return "throughput_tok_s"
 
 
-def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, seeds: list[int], tmp: Path,
+def _pairs(arms: tuple[Arm, Arm], framework: str, config: dict, seeds: list[int], tmp: Path,
            logs: Path, limits: tuple[int, int, float, float, float, float | None], started: float,
            say: Callable[[str], None], comparable: bool) -> tuple[list[dict], dict]:
     """Pairs of runs in ABBA order, pair k on seed k mod len(seeds), until paired.decide stops them (from the
@@ -306,9 +306,9 @@ def _pairs(arms: tuple[Arm, Arm], framework: str, planned: bool, config: dict, s
         figures = {}
         for arm in order:
             run = tmp / "runs" / f"pair{k + 1}-{arm.label}-s{seed}"
-            _train(arm, framework, planned, seed, run, tmp / "inputs", config["launch"]["timeout_min"],
+            _train(arm, framework, seed, run, tmp / "inputs", config["launch"]["timeout_min"],
                    logs / f"{arm.label}.log")
-            figures[arm.label] = {**_figures(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
+            figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
         if figures["A"]["inputs"] != figures["B"]["inputs"]:
             raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
                                f"{figures['A']['inputs']} against {figures['B']['inputs']})")
@@ -344,7 +344,7 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     for what in ("dataset", "policy", "reward"):
         _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
     started = time.monotonic()
-    pairs, verdict = _pairs(arms, framework, env is not None, frozen, seeds, tmp, logs, limits, started, say,
+    pairs, verdict = _pairs(arms, framework, frozen, seeds, tmp, logs, limits, started, say,
                             probe_comparable(arms, env))
     looks_alpha = alpha / (max_pairs - min_pairs + 1)
     return {

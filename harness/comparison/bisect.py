@@ -1,5 +1,5 @@
 """`remax-bench bisect GOOD BAD`: the first slow commit between GOOD and BAD, found by `git bisect run` with the A/B
-against GOOD (harness.regression.ab; docs/regression.md, "Is B slower than A?")."""
+against GOOD (harness.comparison.ab; docs/regression.md, "Is B slower than A?")."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
+from harness.comparison.ab import RECORD, Arm, git, resolve_arm
 from harness.io import atomic_path, read_json_object, sha256_file, write_json
-from harness.regression.ab import RECORD, Arm, git, resolve_arm
 
 
 def confirmed(path: Path, good: str, bad: str, config: Path, framework: str | None) -> dict:

@@ -11,22 +11,17 @@ seed, into a directory of its own (never over the original), and compared step b
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
-
-import pandas as pd
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.frameworks import get_adapter
-from harness.frameworks.launch import environment_packages, launch
+from harness.frameworks.launch import environment_packages
 from harness.inputs import resolve_inputs
 from harness.io import check_replaceable, config_hash, write_json
-from harness.regression.records import read_manifest
 from harness.results import layout
-from harness.results.metrics import read_metrics
+from harness.results.records import read_manifest
 from harness.results.reproducibility import first_divergence, verdict_text
+from harness.runs.train import run_steps, train
 from harness.runtime.manifest import git_commit, hardware, package_versions
 
 RECORD = "reproduce.json"
@@ -70,15 +65,6 @@ def differences(manifest: dict, config: dict, inputs_dir: Path) -> list[str]:
     return out
 
 
-def run_steps(run_dir: Path, framework: str) -> pd.DataFrame:
-    """A run directory's steps in the common schema."""
-    own = run_dir / "metrics.parquet"  # an embedded backend writes its metrics; a framework's are ingested
-    if own.is_file():
-        return read_metrics(own)
-    adapter = get_adapter(framework)
-    return adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
-
-
 def reproduce(run_dir: str | Path, out: str | Path, inputs_dir: str | Path | None = None,
               timeout_min: float | None = None) -> dict:
     """Run `run_dir` again into `out`; the record written to out/RECORD. HarnessError when it cannot be a fair
@@ -96,18 +82,7 @@ def reproduce(run_dir: str | Path, out: str | Path, inputs_dir: str | Path | Non
     if found:
         raise HarnessError(f"{run_dir}: could not reproduce: " + "; ".join(found))
     original = run_steps(run_dir, framework)
-    adapter = get_adapter(framework)
-    if adapter.run is not None:
-        adapter.run(config, seed, out, inputs_dir)
-    else:
-        plan_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.plan.", dir=out.parent if out.parent.exists() else None))
-        try:
-            assert adapter.plan is not None  # every adapter is embedded or planned (registry)
-            adapter.plan(config, seed, plan_dir / "plan", inputs_dir)
-            launch(plan_dir / "plan", out, timeout_min or config["launch"]["timeout_min"], config)
-        finally:
-            shutil.rmtree(plan_dir, ignore_errors=True)
-    divergence = first_divergence(original, run_steps(out, framework))
+    divergence = first_divergence(original, train(config, framework, seed, out, inputs_dir, timeout_min))
     record = {"original": str(run_dir), "repeat": str(out), "framework": framework, "seed": seed,
               "run_id": manifest["run_id"], "determinism": config["reproducibility"]["determinism"],
               "verdict": "identical" if divergence is None else "diverged", "divergence": divergence,

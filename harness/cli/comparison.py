@@ -1,0 +1,100 @@
+"""Subcommands of the paired comparison: the A/B of two arms (commits, framework versions or configs), and the
+bisect built on it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness import HarnessError
+from harness.cli.args import at_least, fraction, json_object, positive, seed_list
+
+
+def _ab_limits(args: argparse.Namespace) -> dict:
+    return {"framework": args.framework, "seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
+            "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha}
+
+
+def _ab_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--config", required=True, help="the profile both arms run (YAML)")
+    sp.add_argument("--framework", help="the framework both arms run (default: the config's one framework)")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--seeds", type=seed_list, help="seeds, comma-separated (default: the config's)")
+    sp.add_argument("--max-pairs", type=at_least(2), default=30, help="hard cap on pairs (default: %(default)s)")
+    sp.add_argument("--min-pairs", type=at_least(2), default=3,
+                    help="pairs before the first look (default: %(default)s)")
+    sp.add_argument("--max-minutes", type=positive, default=15.0, help="hard cap on time (default: %(default)s)")
+    sp.add_argument("--resolution", type=fraction, default=0.03,
+                    help="'no difference' needs the interval within this fraction (default: %(default)s)")
+    sp.add_argument("--alpha", type=fraction, default=0.01,
+                    help="chance that A against A is called different, over all looks (default: %(default)s)")
+
+
+def _repo() -> Path:
+    from harness.comparison.ab import git
+
+    return Path(git(Path.cwd(), "rev-parse", "--show-toplevel"))
+
+
+def _env_args(given: list[str] | None, label: str) -> dict[str, Path]:
+    out = {}
+    for text in given or []:
+        name, sep, spec = text.partition("=")
+        if not sep or not name or not spec:
+            raise HarnessError(f"--{label.lower()}-env {text!r}: expected NAME=DESCRIPTION_FILE "
+                               "(e.g. verl-cpu=envs/verl-0.9.2.txt)")
+        out[name] = Path(spec)
+    return out
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    from harness.comparison.ab import EXIT, Arm, compare
+    from harness.report.ab import PAGE, write_page
+
+    arms = [Arm(label, spec, json_object(override, f"--{label.lower()}-set"), envs=_env_args(given, label))
+            for label, spec, override, given in (("A", args.a, args.a_set, args.a_env),
+                                                 ("B", args.b, args.b_set, args.b_env))]
+    record = compare(_repo(), Path(args.config), arms[0], arms[1], Path(args.out), split=args.split,
+                     render=write_page, **_ab_limits(args))
+    print(f"{record['verdict']['text']} ({args.out}/{PAGE})")
+    return EXIT[record["verdict"]["verdict"]]
+
+
+def _ab(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("ab", help="is B slower than A? Two commits, framework versions or configs run "
+                                   "interleaved, paired; exit 0 no slower, 1 slower, 4 inconclusive, 2 bad arm")
+    sp.add_argument("--a", required=True, help="arm A: a git ref, or a clean checkout's path")
+    sp.add_argument("--b", required=True, help="arm B: a git ref, or a clean checkout's path")
+    sp.add_argument("--a-set", help="arm A's config override, a JSON object")
+    sp.add_argument("--b-set", help="arm B's config override, a JSON object")
+    for arm in ("a", "b"):
+        sp.add_argument(f"--{arm}-env", action="append", metavar="NAME=FILE",
+                        help=f"arm {arm.upper()}'s framework environment NAME from this description (a pip "
+                             "requirements file as a framework's envs/NAME.txt: another framework version); repeatable")
+    sp.add_argument("--split", type=fraction, help="decide only whether B is slower than A by more than this fraction "
+                                                "(what bisect asks of each commit)")
+    _ab_options(sp)
+    sp.set_defaults(func=cmd_ab)
+
+
+def cmd_bisect(args: argparse.Namespace) -> None:
+    from harness.comparison.bisect import bisect
+
+    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds" and v is not None]
+    ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []
+    bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args,
+           confirmed_by=Path(args.confirmed_by) if args.confirmed_by else None, framework=args.framework)
+
+
+def _bisect(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("bisect", help="the first commit between GOOD and BAD that `ab` against GOOD calls slower "
+                                       "(git bisect run)")
+    sp.add_argument("good")
+    sp.add_argument("bad")
+    sp.add_argument("--confirmed-by", metavar="AB_DIR", help="an `ab` of GOOD against BAD under this config that "
+                                                            "called BAD slower: its round 0, not run again")
+    _ab_options(sp)
+    sp.set_defaults(func=cmd_bisect)
+
+
+COMMANDS = (_ab, _bisect)

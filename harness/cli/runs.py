@@ -1,0 +1,100 @@
+"""Subcommands of one run (harness.runs): its stages as the pipeline's rules call them (run an embedded backend, or
+plan, launch and ingest a real framework's run), the whole sequence in one (`train`), and a rerun from its record
+(`reproduce`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.args import at_least, config, positive, with_config, with_inputs
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from harness.runs.train import run_embedded
+
+    run_embedded(config(args), args.framework, args.seed, args.out, args.inputs)
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from harness.runs.train import plan
+
+    plan(config(args), args.framework, args.seed, args.out, args.inputs)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from harness.runs.train import METRICS, train
+
+    steps = train(config(args), args.framework, args.seed, args.out, args.inputs, args.timeout_min)
+    print(f"{args.out}: {len(steps)} steps ({Path(args.out) / METRICS})")
+
+
+def _run_plan_train(sub: argparse._SubParsersAction) -> None:
+    for name, func, help_ in (("run", cmd_run, "run an embedded backend"),
+                              ("plan", cmd_plan, "write a real framework's launch directory, without running it"),
+                              ("train", cmd_train, "train one (framework, seed) into a run directory, whatever the "
+                                                   "framework: an embedded run, or plan, launch and ingest")):
+        sp = sub.add_parser(name, help=help_)
+        sp.add_argument("framework")
+        with_config(sp)
+        sp.add_argument("--seed", type=at_least(0), required=True)
+        sp.add_argument("--out", required=True)
+        with_inputs(sp)
+        if name == "train":
+            sp.add_argument("--timeout-min", type=positive,
+                            help="a planned framework's timeout (default: the config's)")
+        sp.set_defaults(func=func)
+
+
+def cmd_launch(args: argparse.Namespace) -> None:
+    from harness.runs.train import launch
+
+    launch(args.plan_dir, args.out, args.timeout_min, config(args))
+
+
+def _launch(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
+    sp.add_argument("plan_dir")
+    sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
+    sp.add_argument("--timeout-min", type=positive, required=True)
+    with_config(sp)
+    sp.set_defaults(func=cmd_launch)
+
+
+def cmd_ingest(args: argparse.Namespace) -> None:
+    from harness.results.metrics import write_metrics
+    from harness.runs.train import ingest
+
+    df = ingest(args.framework, args.logs, args.n_gpus)
+    write_metrics(df, args.out)
+    print(f"{args.out}: {len(df)} steps from {', '.join(args.logs)}")
+
+
+def _ingest(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
+    sp.add_argument("framework")
+    sp.add_argument("logs", nargs="+", help="log files, or run directories")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--n-gpus", type=at_least(0), default=None)
+    sp.set_defaults(func=cmd_ingest)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    from harness.runs.reproduce import RECORD, reproduce
+
+    record = reproduce(args.run_dir, args.out, args.inputs, args.timeout_min)
+    print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
+
+
+def _reproduce(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("reproduce", help="run a finished run again from its manifest and say whether it reproduced "
+                                          "(identical, or the first divergent step); exit 2 naming what differs "
+                                          "when inputs, commit, packages or machine are not the recorded ones")
+    sp.add_argument("run_dir")
+    sp.add_argument("--out", required=True, help="the rerun's run directory (never the original)")
+    sp.add_argument("--inputs", help="the inputs directory (default: where the manifest's dataset is)")
+    sp.add_argument("--timeout-min", type=positive, help="a planned framework's timeout (default: the config's)")
+    sp.set_defaults(func=cmd_reproduce)
+
+
+COMMANDS = (_run_plan_train, _launch, _ingest, _reproduce)
