@@ -11,20 +11,21 @@ from harness.cli.args import at_least, config, port, seconds
 
 
 def cmd_env(args: argparse.Namespace) -> None:
+    from harness.frameworks import env_spec
     from harness.io import check_replaceable, write_text
     from harness.runtime.envs import ensure_env
 
     if args.out:
         check_replaceable(args.out)  # before the build, which takes minutes
-    python = ensure_env(args.name)
+    python = ensure_env(args.name, spec=env_spec(args.name))  # an installed framework's envs/ too
     print(python)
     if args.out:
         write_text(args.out, f"{python}\n")
 
 
 def _env(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("env", help="build (once) the pinned environment NAME (harness/frameworks/*/envs/NAME.txt); "
-                                      "print its python")
+    sp = sub.add_parser("env", help="build (once) the pinned environment NAME (harness/frameworks/*/envs/NAME.txt, or "
+                                      "an installed framework's envs/NAME.txt); print its python")
     sp.add_argument("name")
     sp.add_argument("--out", help="also write the environment's python path to this file")
     sp.set_defaults(func=cmd_env)

@@ -128,7 +128,8 @@ def environment_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi,
         built_for = tuple(int(v) for v in versions["cuda"].split(".")[:2]) if versions["cuda"] else None
         found = (f"torch {versions['torch']} (CUDA {versions['cuda'] or 'none: a CPU build'}); the driver serves "
                  f"CUDA {'.'.join(map(str, cuda)) if cuda else 'unknown'}")
-        spec = spec_path(env).relative_to(REPO)
+        spec = spec_path(env)
+        spec = spec.relative_to(REPO) if spec.is_relative_to(REPO) else spec  # an installed framework's: absolute
         fix = (f"a driver for CUDA {versions['cuda']} or newer on the node, or torch wheels of an older CUDA in "
                f"{spec} (PyTorch's cuXYZ index)" if built_for else f"a CUDA build of torch in {spec}")
         rows.append(_row(check, built_for is not None and cuda is not None and built_for <= cuda, found, fix))

@@ -9,7 +9,12 @@ A framework is one folder (docs/frameworks.md, "Adding a framework"): every pack
 imported on first use and registers its adapter; a package installed elsewhere joins through the entry point group
 `remax_bench.frameworks` (a module that registers on import, or an `Adapter` object), as lm-evaluation-harness finds
 its tasks. The folder also holds its config block (`schema`, merged into the config schema under its name) and its
-environment descriptions (`envs/NAME.txt`, found by harness.runtime.envs).
+environment descriptions (`envs/NAME.txt`, found by harness.runtime.envs). An adapter's folder is that of the module
+that registered it (its package in harness/frameworks/, or the module an entry point names): the registry passes an
+installed one down to harness.runtime.envs, so its environments build and its runs launch as an in-tree folder's do.
+
+The required core of an adapter is its name, description, ingest, log_glob and one of plan or run; every other field
+is an optional capability whose default is stated beside it (docs/frameworks.md, "The minimum").
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -26,6 +32,7 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.io import OWNER, check_replaceable, read_json_object, write_json
+from harness.runtime import envs
 
 
 @dataclass(frozen=True)
@@ -36,50 +43,62 @@ class Checkout:
 
 @dataclass(frozen=True)
 class Adapter:
+    """A framework behind the harness. The required core: `name`, `description`, `ingest`, `log_glob` and one of
+    `plan` or `run` (register_framework refuses neither and both). Every other field is an optional capability,
+    grouped below, whose default says what the harness does without it."""
+
+    # ---- the required core
     name: str
     description: str
     ingest: Callable[[Sequence[Path], int | None], pd.DataFrame]  # (logs, n_gpus) -> common schema
     log_glob: str  # the run's own logs inside its run directory
     run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
     plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
-    env: str | None = None  # name of its pinned GPU environment, its folder's envs/<env>.txt (real frameworks)
+    # ---- environments and images (a real framework runs from one: it does not run where it names none)
+    env: str | None = None  # name of its pinned GPU environment, its folder's envs/<env>.txt; None: no GPU path
+    # The default `container.images` entry of its GPU environment `env` (a YAML file: from, and uninstall, install,
+    # setup where needed), merged into the config schema as that entry's default; None: no image unless configured
+    image: Path | None = None
+    # ---- CPU path (launch.device cpu)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
-    # Why one run cannot span more than one node (launch.nnodes > 1); empty: its launch does (verl's Ray cluster).
-    one_node: str = ""
-    # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)")
-    ray_roles: dict[str, str] = field(default_factory=dict)
     # The dtype its training matmuls run in on a CPU run, which its MFU's measured peak uses (verl: FSDP's bf16 mixed
     # precision; OpenRLHF: --ds.param_dtype bf16; DeepSpeed-Chat: --actor_bf16, forced on the CPU)
     cpu_dtype: str = "bf16"
-    # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
-    check_env: str | None = None
-    # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
-    # against the harness's tokens/s: the report's cross-check says it beside the two figures.
-    own_throughput: str = ""
-    # (run directory) -> eval record (the reference's eval.json form) from the framework's own evaluation, or None
+    # ---- multi-node: why one run cannot span more than one node (launch.nnodes > 1); empty: its launch does
+    # (verl's Ray cluster)
+    one_node: str = ""
+    # ---- evaluation: (run directory) -> eval record (the reference's eval.json form) from the framework's own
+    # evaluation, or None; None: its runs write no eval.json (their eval accuracy is left empty)
     evaluation: Callable[[Path], dict | None] | None = None
+    # ---- conformance (None: no check of its ReMax advantage, and no row of it in the report's conformance table)
     # (config) -> DataFrame with columns framework, case, max_abs_diff, verdict, note, on the shared vectors of
     # harness.conformance, under the run's settings where the framework's ReMax depends on them
     conformance: Callable[[dict], pd.DataFrame] | None = None
     # (run directory) -> the same columns, from a batch the framework recorded in that real run with the advantages it
     # computed (None where the run recorded none)
     run_conformance: Callable[[Path], pd.DataFrame | None] | None = None
-    module: str = ""  # the package its environment must import (harness.frameworks.preflight)
-    head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
-    # Writes the full model at the end of a run (harness.frameworks.preflight sizes the disk).
-    saves_checkpoint: bool = False
+    # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
+    check_env: str | None = None
+    # ---- its own figures and failures in the report
+    # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
+    # against the harness's tokens/s: the report's cross-check says it beside the two figures.
+    own_throughput: str = ""
+    # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)")
+    ray_roles: dict[str, str] = field(default_factory=dict)
+    # ---- config block and sources
     # Its config block: a JSON-schema (YAML) file, merged into the config schema as the top-level key `name`
     schema: Path | None = None
-    # The default `container.images` entry of its GPU environment `env` (a YAML file: from, and uninstall, install,
-    # setup where needed), merged into the config schema as that entry's default
-    image: Path | None = None
     # The source checkout its runs and conformance read (not a package): config[name]["checkout"], which
-    # workflows/rules/setup.smk makes from config[name]["repository"] at this commit
+    # workflows/rules/setup.smk makes from config[name]["repository"] at this commit; None: it needs none
     checkout: Checkout | None = None
+    # ---- the GPU node's preflight (harness.frameworks.preflight)
+    module: str = ""  # the package its environment must import; empty: not checked
+    head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
+    # Writes the full model at the end of a run (the preflight sizes the disk).
+    saves_checkpoint: bool = False
     # (config) -> (config key, host, port) of every port its runs listen on, which the preflight checks are free
     ports: Callable[[dict], list[tuple[str, str, int]]] | None = None
-
 
 
 # vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
@@ -105,14 +124,30 @@ def check_vllm_cpu_head_dim(policy_dir: str | Path) -> None:
 
 _REGISTRY: dict[str, Adapter] = {}
 ENTRY_POINTS = "remax_bench.frameworks"
+HERE = Path(__file__).resolve().parent  # the in-tree frameworks, one package each
 _discovered = False
 
 
 def register_framework(adapter: Adapter) -> Adapter:
     if adapter.name in _REGISTRY:
         raise ValueError(f"framework adapter {adapter.name!r} is already registered")
+    if (adapter.plan is None) == (adapter.run is None):
+        raise ValueError(f"framework adapter {adapter.name!r}: give it one of plan (a real framework's launch "
+                         "directory) or run (an embedded backend)")
     _REGISTRY[adapter.name] = adapter
     return adapter
+
+
+def _claim(before: set[str], module: str) -> None:
+    """The adapters an entry point registered (those since `before`) have the folder of its module, which registered
+    them or holds the Adapter: passed down to harness.runtime.envs, which finds its envs/ there (an in-tree package's
+    folder, under harness/frameworks/, it finds itself)."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if path is None or set(_REGISTRY) == before:
+        return
+    folder = Path(path).resolve().parent
+    if not folder.is_relative_to(HERE):
+        envs.add_framework_folder(folder)
 
 
 def _discover() -> None:
@@ -121,12 +156,13 @@ def _discover() -> None:
     if _discovered:
         return
     _discovered = True
-    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+    for info in pkgutil.iter_modules([str(HERE)]):
         if info.ispkg:
             importlib.import_module(f"{__package__}.{info.name}")
     for point in entry_points(group=ENTRY_POINTS):
         if point.name in _REGISTRY:
             continue
+        before = set(_REGISTRY)
         try:
             loaded = point.load()
         except Exception as e:
@@ -134,6 +170,7 @@ def _discover() -> None:
                                f"{e!r}") from e
         if isinstance(loaded, Adapter):
             register_framework(loaded)
+        _claim(before, point.module)
         if point.name not in _REGISTRY:
             raise HarnessError(f"entry point {point.name} = {point.value} ({ENTRY_POINTS}) registered no adapter "
                                f"named {point.name!r}: name it as its Adapter, and give a module that calls "
@@ -151,6 +188,13 @@ def get_adapter(name: str) -> Adapter:
         return _REGISTRY[name]
     except KeyError:
         raise HarnessError(f"unknown framework {name!r} (known: {', '.join(known_frameworks())})") from None
+
+
+def env_spec(name: str) -> Path:
+    """The description of environment `name` (harness.runtime.envs.spec_path), in-tree or in an installed
+    framework's envs/: the registry looks its frameworks up first, which passes the installed folders down."""
+    _discover()
+    return envs.spec_path(name)
 
 
 def config_blocks() -> dict[str, dict]:
@@ -245,14 +289,18 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
         return f"one node only (launch.nnodes is {config['launch']['nnodes']}): {adapter.one_node}"
     if adapter.run is not None:
         return None
+    blocker = adapter.cpu_blocker or "its adapter names no cpu_env"
     if on_cpu(config):
-        return None if adapter.cpu_env else f"cannot run on a CPU: {adapter.cpu_blocker}"
+        return None if adapter.cpu_env else f"cannot run on a CPU: {blocker}"
     if config["launch"]["gpus_per_node"] == 0:
         if adapter.cpu_env:
             return ("no GPU in this profile (launch.gpus_per_node 0); it runs on this CPU with "
                     f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, about 50 min "
                     "on 2 cores)")
-        return f"needs GPUs (launch.gpus_per_node is 0 in this profile) and has no CPU path: {adapter.cpu_blocker}"
+        return f"needs GPUs (launch.gpus_per_node is 0 in this profile) and has no CPU path: {blocker}"
+    if adapter.env is None:
+        return "has no GPU environment: its adapter names no env" + (" (it runs on a CPU with launch.device cpu)"
+                                                                     if adapter.cpu_env else "")
     return None
 
 

@@ -1,5 +1,6 @@
 """Per-framework Python environments, built from pinned descriptions in each framework's own folder:
-harness/frameworks/<framework>/envs/<name>.txt (a framework is one folder).
+harness/frameworks/<framework>/envs/<name>.txt (a framework is one folder), or the envs/ of a framework installed as a
+package of its own (the folder the registry passes down with add_framework_folder as it registers that adapter).
 
 verl, OpenRLHF and DeepSpeed-Chat pin conflicting torch/transformers/ray/deepspeed, so each gets its own venv
 under .venvs/<name>, never the harness's. A description is a pip requirements file; lines starting with
@@ -36,20 +37,39 @@ STAMP = ".remax-bench-env"
 TORCH_EXTENSIONS = "torch_extensions"  # each venv's own cache of torch's JIT-built ops (container.env_check)
 
 
+# The folders of the frameworks installed as packages of their own, each with its envs/: the registry passes each
+# one down as it registers its adapter (runtime imports no adapter), so a process finds their descriptions once the
+# registry has looked its frameworks up.
+INSTALLED_FOLDERS: list[Path] = []
+
+
+def add_framework_folder(folder: Path) -> None:
+    """Search `folder`/envs/ for descriptions too: the folder of a framework installed as a package of its own."""
+    folder = Path(folder).resolve()
+    if folder not in INSTALLED_FOLDERS:
+        INSTALLED_FOLDERS.append(folder)
+
+
+def _descriptions(folders: Path, pattern: str) -> list[Path]:
+    found = {*folders.glob(f"*/envs/{pattern}"), *(p for f in INSTALLED_FOLDERS for p in f.glob(f"envs/{pattern}"))}
+    return sorted(found)
+
+
 def spec_path(name: str, tree: Path | None = None) -> Path:
-    """The description of environment `name` in this checkout, or in `tree` (another checkout: an A/B arm's). A
-    checkout from before 2026-12-04 kept every description in workflows/envs/, where bisect still finds them."""
+    """The description of environment `name` in this checkout, or in `tree` (another checkout: an A/B arm's), or
+    in an installed framework's folder (INSTALLED_FOLDERS). A checkout from before 2026-12-04 kept every description
+    in workflows/envs/, where bisect still finds them."""
     folders = FRAMEWORK_FOLDERS if tree is None else tree / "harness" / "frameworks"
-    found = sorted(folders.glob(f"*/envs/{name}.txt"))
+    found = _descriptions(folders, f"{name}.txt")
     if tree is not None and not found and (tree / "workflows" / "envs" / f"{name}.txt").is_file():
         found = [tree / "workflows" / "envs" / f"{name}.txt"]
     if len(found) == 1:
         return found[0]
     if found:
         raise HarnessError(f"environment {name!r} is described twice: {', '.join(map(str, found))}")
-    known = sorted(p.stem for p in folders.glob("*/envs/*.txt"))
-    raise HarnessError(f"{folders}/*/envs/{name}.txt: no environment description named {name!r} "
-                       f"(known: {', '.join(known)})")
+    known = sorted(p.stem for p in _descriptions(folders, "*.txt"))
+    where = ", ".join([f"{folders}/*/envs/{name}.txt", *(f"{f}/envs/{name}.txt" for f in INSTALLED_FOLDERS)])
+    raise HarnessError(f"{where}: no environment description named {name!r} (known: {', '.join(known)})")
 
 
 def pinned_version(name: str, package: str) -> str:

@@ -1,10 +1,11 @@
 import json
 import os
+import sys
 
 from harness.config import arms_from_config, refuse_large_files, validate_config
-from harness.frameworks import conformance_env, environment, get_adapter, not_runnable, sources
+from harness.frameworks import conformance_env, env_spec, environment, get_adapter, not_runnable, sources
 from harness.results import layout
-from harness.runtime import envs
+from harness.runtime import envs  # plan.smk: spec_path finds an installed framework's envs/ too, the registry loaded
 
 # The arms of `snakemake ab` (rules/ab.smk) are not part of the experiment: taken out before the config is frozen.
 AB = config.pop("ab", None)
@@ -30,8 +31,12 @@ SEEDS = config["seeds"]
 EMBEDDED = [fw for fw in FRAMEWORKS if get_adapter(fw).run is not None]
 PLANNED = [fw for fw in FRAMEWORKS if fw not in EMBEDDED]
 # Embedded backends run anywhere; real frameworks where the profile has GPUs, or on a CPU (launch.device cpu) those
-# with a CPU path. The others are still listed by the report, as not run, with the reason.
-RUNNABLE = EMBEDDED + [fw for fw in PLANNED if not_runnable(get_adapter(fw), config) is None]
+# with a CPU path. The others are named with the reason as the workflow loads (a dry run too), and listed by the
+# report, as not run, with the same reason.
+NOT_RUNNING = {fw: why for fw in PLANNED if (why := not_runnable(get_adapter(fw), config)) is not None}
+for fw, why in NOT_RUNNING.items():
+    print(f"remax-bench: framework {fw} will not run in this profile: {why}", file=sys.stderr)
+RUNNABLE = EMBEDDED + [fw for fw in PLANNED if fw not in NOT_RUNNING]
 # Every real framework this profile runs gets its ReMax advantage checked against the reference (rules/conformance.smk).
 CONFORMING = [fw for fw in RUNNABLE if fw in PLANNED and get_adapter(fw).conformance is not None]
 # A pattern that matches nothing when the list is empty, so a rule without frameworks never matches.
@@ -70,7 +75,7 @@ def conformance_inputs(wildcards):
 
 def image_inputs(wildcards):
     settings = config["container"]["images"][wildcards.env]
-    spec = [str(envs.spec_path(wildcards.env))] if settings["install"] else []
+    spec = [str(env_spec(wildcards.env))] if settings["install"] else []
     return spec + [f"{workflow.basedir}/{script}" for script in settings["setup"]]
 
 
