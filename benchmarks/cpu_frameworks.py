@@ -5,94 +5,75 @@ DeepSpeed-Chat's runs cost around their steps.
     python benchmarks/cpu_frameworks.py [RESULTS_DIR]                               # default: results
 
 Prints, per completed run, the reward gain (mean of the last 10% of steps minus the first 10%) and the eval greedy
-accuracy before and after, and per verl run where its wall time went: verl's own step timer (timing_s/step, summed),
-its validation passes (timing_s/testing and the pass before training), and everything else. "Between steps" is the
-time outside verl's step timer from the end of step 1 to the end of the last step, per step: tqdm's elapsed time at
-each step (whole seconds, printed by verl's trainer) less the step times verl logged for the same steps. The harness
-runs nothing there (the shared reward is called inside verl's step); it is verl's own loop (metrics, loggers).
+accuracy before and after, and per run of verl, OpenRLHF and DeepSpeed-Chat where its wall time went, from its steps
+as the adapter's ingest gave them (the common schema, results/metrics/) and the launch's record of its wall time
+(launch.json): the framework's step timer (time_step_s, summed) and everything outside it. "Between steps" is the
+time outside the step timer from the end of the first step to the end of the last, per step: the span of
+time_step_end_s (each step's end as the framework's log states it, in whole seconds: verl's progress bar, OpenRLHF's
+step lines; DeepSpeed-Chat's log states none) less the step times of the same steps. The harness runs nothing there
+(the shared reward is called inside the step); it is the framework's own loop (metrics, loggers, OpenRLHF's weight
+read-back).
 Exits 1 when a learning target is missed: every framework's every seed gains >= 0.2 and its eval accuracy rises.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import math
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from harness.frameworks.launch import LAUNCH_RECORD
 from harness.results import layout
+from harness.results.metrics import read_metrics
 
 TARGET_GAIN = 0.2
-_TQDM = re.compile(r"Training Progress:.*\|\s*(\d+)/(\d+) \[(?:(\d+):)?(\d+):(\d+)<")
+# The frameworks whose costs are printed, and what their time outside the step timer holds besides the loop.
+OUTSIDE = {
+    "verl": "start-up, the validation passes before training and at the last step, shutdown",
+    "openrlhf": "Ray, DeepSpeed and vLLM start-up, saving the actor, shutdown, the greedy evaluation",
+    "dschat": "the deepspeed launcher, DeepSpeed's and the models' start-up, DeepSpeed-Chat's data build and "
+              "evaluations, the launcher's greedy evaluation, saving the actor",
+}
+# verl validates at its last step (its plan's test_freq is the run's steps), outside its step timer: its time between
+# steps stops at the step before, and the last step's time outside the timer is that validation pass.
+VALIDATES_AT_LAST_STEP = {"verl"}
 
 
-def tqdm_elapsed(console: Path) -> dict[int, int]:
-    """Seconds elapsed at each finished step, as verl's progress bar prints them (last print per step wins)."""
-    out = {}
-    for line in console.read_text(errors="replace").splitlines():
-        for m in _TQDM.finditer(line):
-            h, mm, ss = int(m.group(3) or 0), int(m.group(4)), int(m.group(5))
-            out[int(m.group(1))] = 3600 * h + 60 * mm + ss
-    return out
+def between_steps(steps: pd.DataFrame, last: int) -> float:
+    """Seconds per step outside the step timer from the end of the first step to the end of step `last`; nan where
+    the log states no step's end."""
+    span = steps[steps["step"] <= last].sort_values("step")
+    if len(span) < 2:
+        return math.nan
+    ends = span["time_step_end_s"]
+    return float((ends.iloc[-1] - ends.iloc[0] - span["time_step_s"].iloc[1:].sum()) / (len(span) - 1))
 
 
-def verl_costs(run: Path) -> dict:
-    records = [json.loads(x) for x in (run / "verl_metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = {r["step"]: r["data"] for r in records if "timing_s/step" in r["data"]}
-    launch = json.loads((run / "launch.json").read_text())
-    elapsed = tqdm_elapsed(run / "console.log")
-    last = max(steps)
-    step_sum = sum(d["timing_s/step"] for d in steps.values())
-    testing = sum(d.get("timing_s/testing", 0.0) for d in steps.values())
-    between = ((elapsed[last] - elapsed[1]) - sum(steps[s]["timing_s/step"] + steps[s].get("timing_s/testing", 0.0)
-                                                   for s in range(2, last + 1))) / (last - 1)
-    return {"steps": last, "wall_s": launch["end"] - launch["start"], "step_timer_s": step_sum,
-            "step_median_s": float(pd.Series([d["timing_s/step"] for d in steps.values()]).median()),
-            "first_step_s": steps[1]["timing_s/step"], "testing_s": testing,
-            "outside_steps_s": launch["end"] - launch["start"] - step_sum,
-            "between_steps_per_step_s": between}
+def costs(steps: pd.DataFrame, launch: dict, validates_at_last_step: bool) -> dict:
+    """Where a run's wall time went: the step timer and what is outside it, and the time between steps."""
+    last = int(steps["step"].max())
+    wall, step_sum = launch["end"] - launch["start"], float(steps["time_step_s"].sum())
+    ends, timer = steps.set_index("step")["time_step_end_s"], steps.set_index("step")["time_step_s"]
+    return {"steps": len(steps), "wall_s": wall, "step_timer_s": step_sum, "outside_s": wall - step_sum,
+            "step_median_s": float(timer.median()), "first_step_s": float(timer[timer.index.min()]),
+            "gen_median_s": float(steps["time_gen_s"].median()),
+            "train_median_s": float(steps["time_train_s"].median()),
+            "between_steps_per_step_s": between_steps(steps, last - 1 if validates_at_last_step else last),
+            "last_step_outside_s": float(ends[last] - ends.get(last - 1, math.nan) - timer[last])}
 
 
-def dschat_costs(run: Path) -> dict:
-    """DeepSpeed-Chat's wall time against the launcher's step lines (rollout start to optimizer step)."""
-    steps = [json.loads(x) for x in (run / "dschat_steps.log").read_text().splitlines() if x.strip()]
-    launch = json.loads((run / "launch.json").read_text())
-    step_sum = sum(s["time_step_s"] for s in steps)
-    return {"steps": len(steps), "wall_s": launch["end"] - launch["start"], "step_sum_s": step_sum,
-            "step_median_s": float(pd.Series([s["time_step_s"] for s in steps]).median()),
-            "gen_median_s": float(pd.Series([s["time_gen_s"] for s in steps]).median()),
-            "train_median_s": float(pd.Series([s["time_train_s"] for s in steps]).median())}
-
-
-# OpenRLHF's step line (harness.frameworks.openrlhf.ingest: trainer/ppo_trainer.py through utils/logging_utils.py, whose
-# datefmt prints month-day and whole seconds).
-_OPENRLHF_STEP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) ppo_trainer\.py:\d+\] ✨ Global step (\d+): (\{.*\})")
-
-
-def openrlhf_costs(run: Path) -> dict:
-    """OpenRLHF's wall time against its own step timer (timing/step_total). "Between steps": the time from step 1's
-    line to the last step's line (whole-second timestamps) less the step times logged for steps 2..last, per step:
-    what OpenRLHF's loop does outside its timer (the weight read-back, loggers)."""
-    import ast
-    from datetime import datetime
-
-    from harness.frameworks.openrlhf.ingest import ANSI
-
-    at, timer = {}, {}
-    for line in (run / "openrlhf.log").read_text(errors="replace").splitlines():
-        m = _OPENRLHF_STEP.search(ANSI.sub("", line))
-        if m:
-            step = int(m.group(2))
-            at[step] = datetime.strptime(m.group(1), "%m-%d %H:%M:%S")
-            timer[step] = ast.literal_eval(m.group(3))["timing/step_total"]
-    launch = json.loads((run / "launch.json").read_text())
-    last = max(timer)
-    between = ((at[last] - at[1]).total_seconds() - sum(timer[s] for s in range(2, last + 1))) / (last - 1)
-    return {"steps": last, "wall_s": launch["end"] - launch["start"], "step_timer_s": sum(timer.values()),
-            "step_median_s": float(pd.Series(list(timer.values())).median()), "first_step_s": timer[1],
-            "between_steps_per_step_s": between}
+def cost_line(framework: str, seed: int, c: dict, validates_at_last_step: bool) -> str:
+    between = c["between_steps_per_step_s"]
+    validation = (f"; the last step {c['last_step_outside_s']:.1f} s outside its step timer (the validation pass)"
+                  if validates_at_last_step else "")
+    return (f"{framework} seed{seed}: {c['steps']} steps in {c['wall_s']:.0f} s wall: its step timer "
+            f"{c['step_timer_s']:.0f} s (median step {c['step_median_s']:.2f} s: generation {c['gen_median_s']:.2f} s,"
+            f" training {c['train_median_s']:.2f} s; first step {c['first_step_s']:.1f} s), outside it "
+            f"{c['outside_s']:.0f} s ({OUTSIDE[framework]}); between steps "
+            + ("not stated by its log" if math.isnan(between) else f"{between:.3f} s per step") + validation)
 
 
 def main() -> int:
@@ -108,26 +89,12 @@ def main() -> int:
         print(f"{r.framework:9} {r.seed:4}  {r.reward_first10:.3f} -> {r.reward_last10:.3f} ({r.reward_gain:+.3f})"
               f"{'' if gain_ok else ' MISSED'}   {r.eval_accuracy_before:.3f} -> {r.eval_accuracy_after:.3f}"
               f"{'' if eval_ok else ' MISSED'}   {r.throughput_tok_s:,.0f}")
-    for run in sorted(results.glob(layout.RUN.format(framework="verl", seed="*"))):
-        c = verl_costs(run)
-        print(f"verl {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: verl's step timer "
-              f"{c['step_timer_s']:.0f} s"
-              f" (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} s), validation "
-              f"{c['testing_s']:.1f} s at the end, outside the step timer {c['outside_steps_s']:.0f} s (start-up, the "
-              f"validation before training, shutdown); between steps {c['between_steps_per_step_s']:.3f} s per step")
-    for run in sorted(results.glob(layout.RUN.format(framework="openrlhf", seed="*"))):
-        c = openrlhf_costs(run)
-        print(f"openrlhf {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: OpenRLHF's step timer "
-              f"{c['step_timer_s']:.0f} s (median step {c['step_median_s']:.2f} s, first step {c['first_step_s']:.1f} "
-              f"s), outside it {c['wall_s'] - c['step_timer_s']:.0f} s (Ray, DeepSpeed and vLLM start-up, saving the "
-              f"actor, shutdown, the greedy evaluation); between steps {c['between_steps_per_step_s']:.3f} s per step")
-    for run in sorted(results.glob(layout.RUN.format(framework="dschat", seed="*"))):
-        c = dschat_costs(run)
-        print(f"dschat {run.name}: {c['steps']} steps in {c['wall_s']:.0f} s wall: the steps {c['step_sum_s']:.0f} s "
-              f"(median step {c['step_median_s']:.2f} s: generation {c['gen_median_s']:.2f} s, training "
-              f"{c['train_median_s']:.2f} s), outside them {c['wall_s'] - c['step_sum_s']:.0f} s (the deepspeed "
-              "launcher, DeepSpeed's and the models' start-up, DeepSpeed-Chat's data build and evaluations, the "
-              "launcher's greedy evaluation, saving the actor)")
+    for r in summary[summary["framework"].isin(list(OUTSIDE))].itertuples():
+        steps = read_metrics(layout.path(results, layout.METRICS, framework=r.framework, seed=r.seed))
+        run = layout.path(results, layout.RUN, framework=r.framework, seed=r.seed)
+        validates = r.framework in VALIDATES_AT_LAST_STEP
+        c = costs(steps, json.loads((run / LAUNCH_RECORD).read_text()), validates)
+        print(cost_line(r.framework, r.seed, c, validates))
     if missed:
         print(f"learning target missed (gain >= {TARGET_GAIN} and eval accuracy rising): {', '.join(missed)}")
         return 1

@@ -4,9 +4,9 @@
 
 Builds the shared inputs of --config (the default profile's) once, then runs seed 1 of the reference backend
 `--pairs` times under each mode, alternating off and strict (ABBA order, so a machine's drift hits both alike), each
-through the CLI as the pipeline runs it. Prints each run's median tokens/s after warm-up, the strict/off ratio per
-pair and its median, and whether strict changed what the runs computed (their behaviour columns against off's).
-Nothing else should run on the machine meanwhile.
+trained by `remax-bench train` (harness.runs.train, the one way a run is trained). Prints each run's median tokens/s
+after warm-up, the strict/off ratio per pair and its median, and whether strict changed what the runs computed
+(their behaviour columns against off's). Nothing else should run on the machine meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from harness.results.metrics import read_metrics  # noqa: E402
 from harness.results.reproducibility import first_divergence, verdict_text  # noqa: E402
+from harness.runs.train import METRICS  # noqa: E402
 
 CLI = [sys.executable, "-m", "harness.cli"]
 
@@ -53,9 +54,9 @@ def main() -> int:
         first = {}
         for i, mode in enumerate(order):
             out = root / f"run{i}-{mode}"
-            subprocess.run([*CLI, "run", "reference", "--config", configs[mode], "--seed", "1", "--out", out,
+            subprocess.run([*CLI, "train", "reference", "--config", configs[mode], "--seed", "1", "--out", out,
                             "--inputs", root / "inputs"], check=True, capture_output=True)
-            steps = read_metrics(out / "metrics.parquet")
+            steps = read_metrics(out / METRICS)
             speed[mode].append(float(steps[steps["step"] > warmup]["throughput_tok_s"].median()))
             first.setdefault(mode, steps)
             print(f"run {i + 1}: {mode:6s} {speed[mode][-1]:9,.0f} tokens/s", flush=True)

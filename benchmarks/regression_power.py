@@ -56,12 +56,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from regression_series import BASELINE_RUNS, THROUGHPUT, otava_rates, simulate
 
+import harness.regression.statistics as check_statistics  # its numeric constants read on use: --set changes them
+from harness.regression.statistics import METRICS, PROBE, adjust_for_machine, machine_sensitivity, noise_level
 from harness.results import layout
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINE_RUNS = 5  # what `remax-bench baseline update` takes by default
-THROUGHPUT = ("throughput_tok_s", "throughput_tok_cpu_s")
 FIELDS = ["pipeline", "started_utc", "load1", "framework", "seed", "run_id", "config_hash", "inject_slowdown",
           "throughput_tok_s", "throughput_tok_cpu_s", "time_probe_s_median", "cpu_contention", "cpu_foreign_load",
           "time_step_s_median", "time_transition_s_median", "time_transition_s_p90", "reward_last10", "reward_gain"]
@@ -113,196 +114,10 @@ def measure(args) -> int:
     return 0
 
 
-def _series(ratios: np.ndarray, level: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """Values of whole measured pipeline runs (rows of `ratios`, seeds together) at the seeds' own levels."""
-    return ratios[draws] * level
-
-
-def simulate(ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], *, history: int, drop: float,
-             trials: int, rng, fix_drop: float = 0.10, fixed_after: int = 2, baseline_at: str = "last",
-             accepted_drop: float = 0.05, otava: list | None = None) -> dict:
-    """Rates over `trials` synthetic series: any alert on a night with no change (false alarm); a throughput alert
-    by each of the first PERSISTENCE nights of a lasting `drop` (fraction, e.g. 0.05); and any alert on each of the
-    PERSISTENCE - 1 nights after a fix (`fixed_after` nights `fix_drop` slower, then back: false alarms too); and
-    any alert on the night after a baseline that accepted a drop (its runs and the night `accepted_drop` slower
-    than the history before them: a false alarm too; only where the history has runs before the baseline).
-    `otava`, when a list, receives each case's nightly series (one value a night, as Otava takes it) for
-    `otava_rates`: (case, throughput at the machine's speed over its level, median over seeds, first night judged).
-    `baseline_at`: "last", the baseline written from the last BASELINE_RUNS history runs (just updated), or
-    "first", from the first ones (written history - BASELINE_RUNS nights ago; those nights join its reference)."""
-    from harness.regression.statistics import (
-        ADJUSTED,
-        DETECT_BY,
-        METRICS,
-        PERSISTENCE,
-        PROBE,
-        adjust_for_machine,
-        machine_sensitivity,
-        machine_speed_outside,
-    )
-    from harness.regression.verdict import Series, assess
-
-    measured = set(ratios) | ({ADJUSTED} if {"throughput_tok_s", PROBE} <= set(ratios) else set())
-    # As the check does: a figure with a better-controlled one beside it (raw throughput beside the one adjusted
-    # for the machine's speed) is context, not an alert.
-    metrics = [m for m in METRICS if m.kind == "alert" and m.name in measured and m.defer_to not in measured]
-    n_runs = len(next(iter(ratios.values())))
-    b0 = history - BASELINE_RUNS if baseline_at == "last" else 0
-    nights = PERSISTENCE
-    after_fix = PERSISTENCE - 1  # the window persistence looks back over: every night it could carry a verdict into
-    speed = set(THROUGHPUT) | {ADJUSTED}
-    counts = {"not_judged": 0, "false_alarm": 0, "false_alarm_after_fix": 0, "false_alarm_accepted": 0,
-              "false_alarm_throughput": 0,
-              "false_alarm_after_fix_throughput": 0, **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
-
-    def verdicts(raw: dict[str, np.ndarray], night: int) -> dict[str, dict]:
-        """Each alerting metric's verdict on a night; none where the machine-speed guard leaves it unjudged."""
-        return {} if outside(raw, night) else {m.name: verdict(m, raw, night) for m in metrics}
-
-    def alerts(judged_night: dict[str, dict]) -> set[str]:
-        return {name for name, v in judged_night.items() if v["status"] == "regression"}
-
-    def outside(raw: dict[str, np.ndarray], night: int) -> bool:
-        """The check's machine-speed guard: a night whose probe lies far beyond the history's is not judged."""
-        if PROBE not in raw:
-            return False
-        probe = np.median(raw[PROBE], axis=1)
-        return machine_speed_outside(list(probe[:night]), float(probe[night])) is not None
-
-    def recent(rows: np.ndarray) -> tuple[dict, ...]:  # the last runs of a history, most recent first, as in check
-        return tuple(dict(enumerate(r)) for r in rows[::-1][:PERSISTENCE - 1])
-
-    def values(name: str, raw: dict[str, np.ndarray], n_past: int) -> np.ndarray:
-        """A metric's values over the drawn runs; the adjusted throughput fitted on the first n_past, as check fits
-        it on the history, and brought to the probe time of the baseline's runs."""
-        if name != ADJUSTED:
-            return raw[name]
-        t, p = raw["throughput_tok_s"], raw[PROBE]
-        theta, _, _ = machine_sensitivity(pd.DataFrame(np.log(t[:n_past])), pd.DataFrame(np.log(p[:n_past])))
-        return adjust_for_machine(t, p, theta, float(np.median(p[b0:b0 + BASELINE_RUNS])))
-
-    def verdict(m, raw: dict[str, np.ndarray], night: int) -> dict:
-        vals = values(m.name, raw, night)
-        past = vals[:night]
-        baseline = {s: list(vals[b0:b0 + BASELINE_RUNS, s]) for s in range(vals.shape[1])}
-        under_test = night - (PERSISTENCE - 1)  # persistence judges the runs from here with this night, as in check
-        since = tuple(dict(enumerate(r)) for r in vals[b0 + BASELINE_RUNS:under_test])
-        before = tuple(dict(enumerate(r)) for r in vals[:min(b0, under_test)])
-        return assess(m, dict(enumerate(vals[night])),
-                      Series(baseline, pd.DataFrame(np.log(past)), recent(past), since=since, before=before))
-
-    def judged(m, raw: dict[str, np.ndarray], night: int) -> bool:
-        return verdict(m, raw, night)["status"] == "regression"
-
-    def caught(raw: dict[str, np.ndarray]) -> int:
-        """The first slow night (1, 2, ...) a throughput alert is raised on; nights + 1 if none."""
-        return next((k + 1 for k in range(nights) for m in metrics
-                     if m.name in speed and not outside(raw, history + k) and judged(m, raw, history + k)), nights + 1)
-
-    def draw(n: int) -> dict[str, np.ndarray]:
-        # Whole runs without replacement while the pool allows: a run drawn twice would sit next to itself and
-        # shrink the noise estimate, an artefact no real series has.
-        draws = rng.permutation(n_runs)[:n] if n <= n_runs else rng.integers(n_runs, size=n)
-        return {name: _series(ratios[name], levels[name], draws) for name in ratios}
-
-    def slower(raw: dict[str, np.ndarray], nights_slow: slice, by: float) -> dict[str, np.ndarray]:
-        # A slower step lowers every throughput figure alike; the probe, timed outside the step, stays. Each slow
-        # night joins the history the next night is judged against.
-        out = {name: v.copy() for name, v in raw.items()}
-        for name in THROUGHPUT:
-            if name in out:
-                out[name][nights_slow] *= 1 - by
-        return out
-
-    deciding = next(m for m in metrics if m.name in speed)  # the throughput figure that alerts
-
-    def nightly(raw: dict[str, np.ndarray]) -> list[float]:
-        # Throughput relative to the seeds' levels (a positive figure near 1, as Otava's relative changes need).
-        return list(np.exp(np.median(np.log(values(deciding.name, raw, history) / levels["throughput_tok_s"]),
-                                     axis=1)))
-
-    stated, caught_stated = [], []  # each series' own detectable drop, and whether that drop was caught in time
-
-    for _ in range(trials):
-        raw = draw(history + nights)
-        slowed = slower(raw, slice(history, None), drop)
-        clean = verdicts(raw, history)
-        alarm = alerts(clean)
-        detected = caught(slowed)
-        # What the check says of this series on the first slow night, before it has seen the drop: the smallest
-        # lasting drop it catches by night DETECT_BY 95% of the time. Slowed by exactly that, is it?
-        if clean and (own := clean[deciding.name]["evidence"]["detectable_change"]) is not None:
-            stated.append(-own / 100)
-            caught_stated.append(caught(slower(raw, slice(history, None), -own / 100)) <= DETECT_BY)
-        counts["not_judged"] += outside(raw, history)
-        counts["false_alarm"] += bool(alarm)
-        counts["false_alarm_throughput"] += bool(alarm & speed)
-        if b0:  # the baseline was written to accept a slower level: the runs before it are the old one
-            counts["false_alarm_accepted"] += bool(alerts(verdicts(slower(raw, slice(b0, None), accepted_drop),
-                                                                   history)))
-        for k in range(1, nights + 1):
-            counts[f"detected_by_night{k}"] += detected <= k
-        # A regression that was fixed: the nights after the fix are clean nights, whatever came before them.
-        fixed = slower(draw(history + fixed_after + after_fix), slice(history, history + fixed_after), fix_drop)
-        if otava is not None:
-            otava += [("clean", nightly(raw)[:history + 1], history), ("slowed", nightly(slowed), history),
-                      ("fixed", nightly(fixed), history + fixed_after)]
-        for k in range(after_fix):
-            alarm = alerts(verdicts(fixed, history + fixed_after + k))
-            counts["false_alarm_after_fix"] += bool(alarm)
-            counts["false_alarm_after_fix_throughput"] += bool(alarm & speed)
-    return {**per_night(counts, trials, after_fix), "accepted": bool(b0),
-            "detectable_median": float(np.median(stated)) if stated else None,
-            "caught_at_detectable": float(np.mean(caught_stated)) if stated else None}
-
-
-def per_night(counts: dict[str, int], trials: int, after_fix: int) -> dict[str, float]:
-    """Counts over `trials` series as rates; the after-a-fix counts per night judged, as the clean-history one is."""
-    return {k: v / trials / (max(after_fix, 1) if "after_fix" in k else 1) for k, v in counts.items()}
-
-
-def otava_rates(python: Path, cases: list, *, history: int, max_pvalue: float) -> dict:
-    """The same rates as `simulate` for Apache Otava run each night on the series so far (its E-divisive change
-    points, benchmarks/otava_changepoints.py in Otava's own environment). A night alerts when Otava finds a drop
-    that it did not find the night before (a change point with a lower mean after it, at an index not within one
-    of a drop it already had): what a nightly job notifying on new change points would send."""
-    request = {"options": {"max_pvalue": max_pvalue},
-               "series": [{"values": values, "from": start} for _, values, start in cases]}
-    proc = subprocess.run([str(python), str(REPO / "benchmarks" / "otava_changepoints.py")], input=json.dumps(request),
-                          capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"Otava failed:\n{proc.stderr[-3000:]}")
-    nights = len(next(v for kind, v, _ in cases if kind == "slowed")) - history
-    counts = {"false_alarm": 0, "false_alarm_after_fix": 0,
-              **{f"detected_by_night{k}": 0 for k in range(1, nights + 1)}}
-    trials = after_fix = 0
-
-    def new_drops(before: list, after: list) -> list[int]:
-        old = [i for i, change in before if change < 0]
-        return [i for i, change in after if change < 0 and all(abs(i - j) > 1 for j in old)]
-
-    for (kind, _values, _start), prefixes in zip(cases, json.loads(proc.stdout)):
-        alerts = [new_drops(a, b) for a, b in itertools.pairwise(prefixes)]  # night by night
-        if kind == "clean":
-            trials += 1
-            counts["false_alarm"] += bool(alerts[0])
-        elif kind == "slowed":  # found when a new drop starts at the first slow night (give or take one)
-            found = next((k + 1 for k, new in enumerate(alerts) if any(i >= history - 1 for i in new)), nights + 1)
-            for k in range(1, nights + 1):
-                counts[f"detected_by_night{k}"] += found <= k
-        else:  # after the fix, a new drop anywhere but at the regression itself is a false alarm
-            after_fix = len(alerts)
-            counts["false_alarm_after_fix"] += sum(any(not history - 1 <= i <= history + 1 for i in new)
-                                                   for new in alerts)
-    return per_night(counts, trials, after_fix)
-
-
 def set_constants(assignments: list[str]) -> None:
     """--set NAME=VALUE: a what-if of the check's constants (harness.regression.statistics), before anything reads
-    them (harness.regression.verdict binds them when simulate first imports it); each is printed with the check's
-    own value, so output under a what-if cannot pass for the check's."""
-    import harness.regression.statistics as check_statistics
-
+    them (harness.regression.verdict binds them when regression_series first judges a night); each is printed with
+    the check's own value, so output under a what-if cannot pass for the check's."""
     for assignment in assignments:
         name, _, value = assignment.partition("=")
         own = getattr(check_statistics, name, None)
@@ -328,25 +143,10 @@ def learnt_bound(night_sd: float, drop: float, history: int, nights: int, draws:
     return float(np.mean((z + rng.standard_normal(draws)) / scale > np.quantile(null, 0.99)))
 
 
-def power(args) -> int:
-    set_constants(args.set)
-    from harness.regression.statistics import (
-        CONTENTION_MARGIN,
-        DETECT_BY,
-        DETECT_MARGIN,
-        FOREIGN_LOAD_MARGIN,
-        METRICS,
-        MIN_HISTORY,
-        PERSISTENCE,
-        PROBE,
-        Z_CRIT,
-        Z_PERSIST,
-        adjust_for_machine,
-        machine_sensitivity,
-        noise_level,
-    )
-
-    df = pd.read_csv(args.data)
+def measured_ratios(data: Path, noise_scale: float) -> tuple[pd.DataFrame, dict, dict]:
+    """The measured runs, contended ones left out; per metric the check judges (and the probe), each run's values
+    over the per-seed medians (raised to `noise_scale`), and those medians, the seeds' levels."""
+    df = pd.read_csv(data)
     df = df[df["inject_slowdown"] == 0]
     # The check leaves contended runs out (wall/CPU time above the series' usual by CONTENTION_MARGIN): so does
     # the resampling. Measurements older than the cpu_contention column give it as the ratio of the two medians.
@@ -354,20 +154,25 @@ def power(args) -> int:
         df = df.assign(cpu_contention=df["throughput_tok_cpu_s"] / df["throughput_tok_s"])
     if "cpu_contention" in df.columns:
         per_run = df.groupby("pipeline")["cpu_contention"].median()
-        contended = set(per_run[per_run > per_run.median() * CONTENTION_MARGIN].index)
+        contended = set(per_run[per_run > per_run.median() * check_statistics.CONTENTION_MARGIN].index)
         if "cpu_foreign_load" in df.columns and df["cpu_foreign_load"].notna().any():
             foreign = df.groupby("pipeline")["cpu_foreign_load"].median()
-            contended |= set(foreign[foreign > foreign.median() + FOREIGN_LOAD_MARGIN].index)
+            contended |= set(foreign[foreign > foreign.median() + check_statistics.FOREIGN_LOAD_MARGIN].index)
         print(f"contended pipeline runs left out, as the check leaves them out: {len(contended)} of {len(per_run)}")
         df = df[~df["pipeline"].isin(contended)]
-    rng = np.random.default_rng(args.seed)
     ratios, levels = {}, {}
     for m in METRICS:
         if (m.kind != "alert" and m.name != PROBE) or m.name not in df.columns or df[m.name].isna().all():
             continue  # a metric older measurements lack, or one this backend does not measure
         table = df.pivot_table(index="pipeline", columns="seed", values=m.name).dropna()
         levels[m.name] = table.median().to_numpy()
-        ratios[m.name] = (table / table.median()).to_numpy() ** args.noise_scale
+        ratios[m.name] = (table / table.median()).to_numpy() ** noise_scale
+    return df, ratios, levels
+
+
+def print_noise(args, df: pd.DataFrame, ratios: dict[str, np.ndarray]) -> None:
+    """The data's noise, and the bounds no method passes on the host it was measured on."""
+    detect_by = check_statistics.DETECT_BY
     n_pipelines, n_seeds = ratios["throughput_tok_s"].shape
     print(f"data: {args.data} ({n_pipelines} pipeline runs x {n_seeds} seeds, load1 {df['load1'].min():.1f}-"
           f"{df['load1'].max():.1f}); noise scale {args.noise_scale}; measured: {', '.join(ratios)}")
@@ -385,38 +190,50 @@ def power(args) -> int:
     # at 1% false alarms.
     logs = np.log(by_speed)
     night_sd = float(np.std(np.median(logs - np.median(logs, axis=0), axis=1), ddof=1))
-    z_mean = -math.log1p(-args.drop) * math.sqrt(DETECT_BY) / night_sd
+    z_mean = -math.log1p(-args.drop) * math.sqrt(detect_by) / night_sd
     normal = statistics.NormalDist()
     print(f"the bound: a night's throughput{' at the machine speed' if PROBE in ratios else ''} spreads "
           f"{100 * night_sd:.2f}% (sd of the run medians); knowing that and the reference exactly, the mean of "
-          f"{DETECT_BY} nights {100 * args.drop:.0f}% slower is z {z_mean:.1f}, caught at 1% false alarms "
+          f"{detect_by} nights {100 * args.drop:.0f}% slower is z {z_mean:.1f}, caught at 1% false alarms "
           f"{100 * normal.cdf(z_mean - normal.inv_cdf(0.99)):.0f}% of the time: no method catches more by that night")
     print(f"the bound with {' and '.join(map(str, args.history))} history runs: learning the noise and the reference "
           f"from them, the best test at normal noise (Student's t, every run at the level) catches it "
-          + " and ".join(f"{100 * learnt_bound(night_sd, args.drop, h, DETECT_BY):.0f}%" for h in args.history)
+          + " and ".join(f"{100 * learnt_bound(night_sd, args.drop, h, detect_by):.0f}%" for h in args.history)
           + " of the time at 1% false alarms")
     for name in (n for n in THROUGHPUT if n in ratios):
         sigma, _ = noise_level(pd.DataFrame(np.log(ratios[name])))
         print(f"measured run-level {name} noise (Qn of run residuals, median over seeds): {100 * sigma:.1f}%; per-seed "
               f"spread of single runs: {100 * np.std(np.log(ratios[name])):.1f}% (sd of log ratio)")
-    print(f"method: z >= {Z_CRIT} alone, >= {Z_PERSIST} for a mean of up to {PERSISTENCE} runs (persistence), the "
-          "noise widened for the runs that estimate it (Student t), "
-          f"the detectable change {DETECT_MARGIN} noise levels of a {DETECT_BY}-night mean beyond its threshold, "
-          f"minimum history {MIN_HISTORY} runs, "
+
+
+def print_method(args) -> None:
+    """How the rows judge (the check's constants, with any what-if), what each column counts, the table's head."""
+    s = check_statistics
+    print(f"method: z >= {s.Z_CRIT} alone, >= {s.Z_PERSIST} for a mean of up to {s.PERSISTENCE} runs (persistence), "
+          "the noise widened for the runs that estimate it (Student t), "
+          f"the detectable change {s.DETECT_MARGIN} noise levels of a {s.DETECT_BY}-night mean beyond its threshold, "
+          f"minimum history {s.MIN_HISTORY} runs, "
           f"baseline = {BASELINE_RUNS} runs, the last of the history (just written) or its first (written that many "
           f"nights before); {args.trials} synthetic series per row; drop {100 * args.drop:.0f}%")
-    nights = range(1, PERSISTENCE + 1)
-    print(f"false alarms: per clean night, after a clean history and on each of the {PERSISTENCE - 1} nights after a "
+    nights = range(1, s.PERSISTENCE + 1)
+    print(f"false alarms: per clean night, after a clean history and on each of the {s.PERSISTENCE - 1} nights after a "
           f"fix ({args.fixed_after} nights {100 * args.fix_drop:.0f}% slower, then back)")
     print(f"detectable drop: what the check states on the first slow night (median over series); caught: how often a "
-          f"lasting drop of exactly that much, each series its own, was caught by night {DETECT_BY} (95% is the claim)")
+          f"lasting drop of exactly that much, each series its own, was caught by night {s.DETECT_BY} (95% is the "
+          "claim)")
     print(f"after accepting: false alarms on the night after a baseline written to accept a drop of "
           f"{100 * args.accepted_drop:.0f}% (the history before it at the old level; a baseline just written only)")
     print("| method | seeds | history runs | baseline from | not judged (machine speed) | false alarms | after a fix | "
           "after accepting | " + " | ".join(f"detected by night {k}" for k in nights)
           + " | detectable drop | caught at it |")
     print("|---|---:|---:|---|---:|---:|---:|---:|" + "---:|" * (len(nights) + 2))
-    results = []
+
+
+def table_rows(args, ratios: dict[str, np.ndarray], levels: dict[str, np.ndarray], rng) -> list[dict]:
+    """The table's rows, printed as they come: per number of seeds, history length and baseline, the check's rates
+    (all its alerts, and its throughput alerts alone: Otava's like for like) and Otava's where asked for."""
+    n_pipelines, n_seeds = ratios["throughput_tok_s"].shape
+    persistence, results = check_statistics.PERSISTENCE, []
     for k in sorted({min(k, n_seeds) for k in args.seeds}):
         sub_r = {n: r[:, :k] for n, r in ratios.items()}
         sub_l = {n: lv[:k] for n, lv in levels.items()}
@@ -426,8 +243,7 @@ def power(args) -> int:
                          fix_drop=args.fix_drop, fixed_after=args.fixed_after, baseline_at=at,
                          accepted_drop=args.accepted_drop, otava=cases)
             results.append({"seeds": k, "history": h, "baseline_at": at, **r})
-            drawn = "" if h + PERSISTENCE <= n_pipelines else " (runs drawn with replacement)"
-            # Otava judges the throughput series alone: the check's throughput alerts are the like-for-like row.
+            drawn = "" if h + persistence <= n_pipelines else " (runs drawn with replacement)"
             rows = [("remax-bench check", r), ("remax-bench check, throughput alerts alone",
                                                {**r, "false_alarm": r["false_alarm_throughput"],
                                                 "false_alarm_after_fix": r["false_alarm_after_fix_throughput"]})]
@@ -442,14 +258,24 @@ def power(args) -> int:
                       f"{100 * rr['false_alarm']:.2f}% | "
                       f"{100 * rr['false_alarm_after_fix']:.2f}% | "
                       f"{accepted} | "
-                      + " | ".join(f"{100 * rr[f'detected_by_night{n}']:.1f}%" for n in nights)
+                      + " | ".join(f"{100 * rr[f'detected_by_night{n}']:.1f}%" for n in range(1, persistence + 1))
                       + f" | {'-' if stated is None else f'{100 * stated:.1f}%'} | "
                       f"{'-' if at_stated is None else f'{100 * at_stated:.1f}%'} |", flush=True)
-    by = f"detected_by_night{DETECT_BY}"
+    return results
+
+
+def power(args) -> int:
+    set_constants(args.set)
+    df, ratios, levels = measured_ratios(args.data, args.noise_scale)
+    rng = np.random.default_rng(args.seed)
+    print_noise(args, df, ratios)
+    print_method(args)
+    results = table_rows(args, ratios, levels, rng)
+    by = f"detected_by_night{check_statistics.DETECT_BY}"
     meets = [r for r in results if max(r["false_alarm"], r["false_alarm_after_fix"], r["false_alarm_accepted"]) <= 0.01
              and r[by] >= 0.95]
     print(f"targets (<= 1% false alarms, after a fix and after accepting a level too; >= 95% detection of a lasting "
-          f"{100 * args.drop:.0f}% drop by night {DETECT_BY}) met by: "
+          f"{100 * args.drop:.0f}% drop by night {check_statistics.DETECT_BY}) met by: "
           + (", ".join(f"{r['seeds']} seeds with {r['history']} history runs, baseline from its {r['baseline_at']} "
                        f"{BASELINE_RUNS}" for r in meets) or "no row"))
     return 0 if meets else 1

@@ -54,6 +54,8 @@ def test_ingest_fixture_log_gives_independently_computed_numbers():
         "reward_baseline_mean": [0.4870849609375, 0.4951171875, 0.53125],
         "kl_mean": [0.0, 0.002675, 0.0072],
         "response_length_mean": [6.5, 6.25, 6.0],
+        # the step lines' times, 03:08:00, 03:11:08 and 03:14:11, after the first one
+        "time_step_end_s": [0.0, 188.0, 371.0],
     })
     pd.testing.assert_frame_equal(df[list(expected.columns)], expected, check_exact=False, rtol=1e-12)
     assert df["throughput_tok_s"].iloc[0] == pytest.approx((28160 + 13312) / 188.5)
@@ -95,6 +97,19 @@ def test_a_run_without_remax_baseline_is_refused(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_baseline': 0.4951171875, ", ""))
     with pytest.raises(HarnessError, match=r"openrlhf.log:\d+: step 2 lacks remax_baseline \(not a ReMax run"):
         orl_ingest.ingest([log])
+
+
+def test_the_steps_ends_run_on_over_midnight_and_are_empty_without_the_lines_times(tmp_path):
+    times = {"11-30 03:08:00": "12-31 23:54:00", "11-30 03:11:08": "12-31 23:57:08", "11-30 03:14:11": "01-01 00:00:11"}
+
+    def midnight(s):
+        for before, after in times.items():
+            s = s.replace(f"{before} ppo_trainer.py:551]", f"{after} ppo_trainer.py:551]")
+        return s
+    log, _ = _copy_run(tmp_path, midnight)
+    assert list(orl_ingest.ingest([log])["time_step_end_s"]) == [0.0, 188.0, 371.0]
+    log, _ = _copy_run(tmp_path / "bare", lambda s: s.replace(" ppo_trainer.py:551] ✨", " ✨"))
+    assert orl_ingest.ingest([log])["time_step_end_s"].isna().all()
 
 
 def test_nan_in_the_step_dict_is_read_as_nan(tmp_path):

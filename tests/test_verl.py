@@ -56,6 +56,20 @@ def test_ingest_gives_the_numbers_computed_from_the_batches(log):
         # verl's perf/throughput is per GPU; times 8 it is the same aggregate figure.
         assert row["framework_throughput_tok_s"] == pytest.approx(row["throughput_tok_s"], rel=1e-9)
         assert math.isnan(row["tokens_baseline"]) and math.isnan(row["reward_baseline_mean"])
+        # from the progress bar in the console (beside the file logger's JSONL): whole seconds after step 1's end
+        assert row["time_step_end_s"] == exp["time_step_end_s"]
+
+
+def test_the_steps_ends_are_the_bars_first_print_of_each_step_and_empty_without_a_console(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    console = run / "console.log"
+    # tqdm redraws with carriage returns and prints the last count again when the bar closes, later
+    console.write_text(console.read_text() + "\rTraining Progress: 100%|██████████| 3/3 [04:31<00:00, 90.33s/it]\n")
+    assert list(ingest([run / "verl_metrics.jsonl"], None)["time_step_end_s"]) == [0, 83, 167]
+    console.unlink()
+    df = ingest([run / "verl_metrics.jsonl"], None)
+    assert list(df["step"]) == [1, 2, 3] and df["time_step_end_s"].isna().all()
 
 
 def test_console_and_file_logger_agree_exactly():

@@ -29,6 +29,7 @@ from harness.runtime.container import env_command
 from harness.runtime.manifest import build_manifest
 
 CONSOLE_LOG = "console.log"
+LAUNCH_RECORD = "launch.json"  # the launch's own times (start, end: seconds since the epoch) and exit code
 EVAL = "eval.json"  # what harness.results.summarize.read_eval reads, in the reference backend's form
 
 
@@ -246,7 +247,7 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             reason += f": {cause}" if cause else ""
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
                                + "\n".join(log.splitlines()[-TAIL_LINES:]))
-        write_json(tmp / "launch.json", {"start": start, "end": time.time(), "exit_code": proc.returncode})
+        write_json(tmp / LAUNCH_RECORD, {"start": start, "end": time.time(), "exit_code": proc.returncode})
         write_evaluation(tmp, plan["framework"])
         write_json(tmp / "manifest.json", build_manifest(
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],

@@ -295,7 +295,7 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
     if config["launch"]["gpus_per_node"] == 0:
         if adapter.cpu_env:
             return ("no GPU in this profile (launch.gpus_per_node 0); it runs on this CPU with "
-                    f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, about 50 min "
+                    f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, 31-42 min "
                     "on 2 cores)")
         return f"needs GPUs (launch.gpus_per_node is 0 in this profile) and has no CPU path: {blocker}"
     if adapter.env is None:

@@ -42,8 +42,11 @@ MEASURED = {
 # throughput while leaving what the run's own code changed.
 # task_accuracy_mean: exact-match accuracy of the sampled responses on the verifiable task, whatever the reward:
 # with a reward model it shows whether the reward that rises is still the task being solved.
+# time_step_end_s: when the step ended, in seconds after the run's first step ended (0 on that step), by the
+# framework's own clock as its log states it (verl's progress bar, OpenRLHF's step lines: whole seconds). Its
+# differences less time_step_s are the time the framework's loop spends between its step timers.
 OPTIONAL = {"time_step_cpu_s": "float64", "time_machine_busy_s": "float64", "time_probe_s": "float64",
-            "task_accuracy_mean": "float64"}
+            "task_accuracy_mean": "float64", "time_step_end_s": "float64"}
 DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64"}
 SCHEMA = {**IDENTITY, **MEASURED, **OPTIONAL, **DERIVED}
 # Every producer measures these on every step; the other measured columns may be empty where one cannot.

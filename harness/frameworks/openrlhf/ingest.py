@@ -28,6 +28,10 @@ from harness.runtime import envs
 # printed by the PPOTrainer Ray actor and forwarded by Ray to the driver's stdout behind "(PPOTrainer pid=N) ",
 # which Ray colours with ANSI codes even when stdout is not a terminal. log_status is a dict of floats (its repr).
 STEP_LINE = re.compile(r"✨ Global step (\d+): (\{.*\})\s*$")
+# The same line's time (logging_utils' datefmt "%m-%d %H:%M:%S"): when the step ended, in whole seconds of the local
+# clock, without a year.
+STEP_TIME = re.compile(r"\d\d-\d\d (\d\d):(\d\d):(\d\d) \S+:\d+\] ✨ Global step")
+DAY_S = 86400
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # repr() of a float that ast.literal_eval does not read back.
 NONFINITE = re.compile(r"(?<![\w.'\"])(-?)(nan|inf)(?![\w'\"])")
@@ -79,20 +83,38 @@ def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> d
     }
 
 
+def _step_ends(times: dict[int, int]) -> dict[int, float]:
+    """Seconds from the end of the log's first step to the end of each step, from the second of the day each step's
+    line was logged at. Without a year in the lines the time between two steps is read from the time of day alone:
+    a step of a benchmark's run ends well within a day of the one before."""
+    ends: dict[int, float] = {}
+    total, previous = 0, None
+    for step, t in sorted(times.items()):
+        total += 0 if previous is None else (t - previous) % DAY_S
+        ends[step], previous = float(total), t
+    return ends
+
+
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
-    rows = []
+    rows: list[dict] = []
     for path in map(Path, logs):
         plan_ = run_plan(path, NAME)
         identity = {k: plan_[k] for k in ("framework", "framework_version", "run_id", "seed")}
         gpus = plan_["n_gpus"] if n_gpus is None else n_gpus
         per_prompt = _samples_per_prompt(plan_, path)
+        times: dict[int, int] = {}
+        found = len(rows)
         for lineno, line in text_lines(path, errors="replace"):
             if "✨ Global step" not in line:
                 continue
             where = f"{path}:{lineno}"
-            match = STEP_LINE.search(ANSI.sub("", line))
+            line = ANSI.sub("", line)
+            match = STEP_LINE.search(line)
             if not match:
                 raise HarnessError(f"{where}: garbled OpenRLHF step line (expected '✨ Global step N: {{...}}')")
+            if stamp := STEP_TIME.search(line):
+                h, m, sec = map(int, stamp.groups())
+                times[int(match.group(1))] = 3600 * h + 60 * m + sec
             try:
                 status = _literal(match.group(2))
             except (ValueError, SyntaxError, RecursionError, MemoryError) as e:
@@ -100,6 +122,10 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
             if not isinstance(status, dict):
                 raise HarnessError(f"{where}: the step's metrics are not a dict")
             rows.append({**identity, **_row(status, int(match.group(1)), gpus, per_prompt, where)})
+        first = min((row["step"] for row in rows[found:]), default=None)
+        ends = _step_ends(times) if first in times else {}  # from the log's first step, or none
+        for row in rows[found:]:
+            row["time_step_end_s"] = ends.get(row["step"], math.nan)
     return metrics.to_frame(rows, ", ".join(map(str, logs)))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
+from harness.frameworks.launch import CONSOLE_LOG
 from harness.frameworks.registry import PLAN_IDENTITY, run_plan
 from harness.frameworks.verl.plan import METRICS_LOG, NAME, VALIDATION_GENERATIONS
 from harness.io import read_jsonl, text_lines
@@ -29,6 +30,11 @@ TRAINING_STEP = "training/global_step"
 # ray_trainer._validate's sections: a record with nothing else is a validation pass (val_before_train logs one at
 # step 0), not a training step.
 VALIDATION = ("val-core/", "val-aux/")
+# verl's progress bar (ray_trainer.fit: tqdm with desc "Training Progress", updated once a step's metrics are logged),
+# as tqdm prints it: "Training Progress:  33%|███▎      | 1/3 [01:21<02:43, 81.64s/it]", elapsed in whole seconds
+# ([H:]MM:SS). tqdm redraws with carriage returns, so one line may hold several prints.
+PROGRESS = "Training Progress:"
+_PROGRESS = re.compile(r"Training Progress:\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \[(?:(\d+):)?(\d+):(\d+)<")
 
 
 def _console_value(text: str, where: str) -> float:
@@ -158,12 +164,28 @@ def evaluation(run_dir: Path) -> dict | None:
             "before": before, "after": point(last_step, last)}
 
 
+def progress_elapsed(console: Path) -> dict[int, int]:
+    """Seconds verl's progress bar had run when each step ended, from its console output; {} without one."""
+    elapsed: dict[int, int] = {}
+    if not console.is_file():
+        return elapsed
+    for _, line in text_lines(console, errors="replace"):
+        if PROGRESS not in line:
+            continue
+        for m in _PROGRESS.finditer(line):
+            # The first print of a count is the update after that step; tqdm prints the last one again on closing.
+            elapsed.setdefault(int(m.group(1)), 3600 * int(m.group(2) or 0) + 60 * int(m.group(3)) + int(m.group(4)))
+    return elapsed
+
+
 def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
-    """verl's file-logger JSONL (*.jsonl) or its console output (anything else) -> the common schema."""
+    """verl's file-logger JSONL (*.jsonl) or its console output (anything else) -> the common schema; the steps' ends
+    from the progress bar in the console output (the log itself, or the run's console beside the JSONL)."""
     rows = []
     for log in map(Path, logs):
         ident, devices = _identity(log, n_gpus)
         parse = _parse_jsonl_line if log.suffix == ".jsonl" else _parse_console_line
+        elapsed = progress_elapsed(log.parent / CONSOLE_LOG if log.suffix == ".jsonl" else log)
         found = 0
         for lineno, line in text_lines(log, errors="replace"):
             where = f"{log}:{lineno}"
@@ -179,4 +201,8 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
             raise HarnessError(f"{log}: no verl training-step metrics found (expected "
                                + ("file-logger records" if log.suffix == ".jsonl" else "'step:N - ...' lines")
                                + f" with {TRAINING_STEP})")
+        first = min(row["step"] for row in rows[-found:])
+        for row in rows[-found:]:
+            known = first in elapsed and row["step"] in elapsed
+            row["time_step_end_s"] = elapsed[row["step"]] - elapsed[first] if known else math.nan
     return metrics.to_frame(rows, ", ".join(map(str, logs)))
