@@ -183,3 +183,78 @@ def test_a_run_is_trained_in_one_place():
                     isinstance(f, ast.Attribute) and f.attr in ("plan", "run") and "adapter" in ast.unparse(f.value)):
                 found.append(f"{where}:{node.lineno}: {ast.unparse(f)}(...)")
     assert not found, f"a run's stages called outside {RUN_OWNER}:\n" + "\n".join(found)
+
+
+# Issue #49: code that runs in a framework's own environment, not the harness's, lives in harness/frameworks/<name>/
+# inside/ (named by path: a script, a file the framework loads, a project an environment installs). It imports the
+# standard library, the framework and the other packages of that environment, its own inside/ modules, and of the
+# harness only the modules made for that use, each with the third-party packages it (with what it imports of the
+# harness) may bring into the framework's environment:
+INSIDE_MAY_IMPORT = {
+    "harness.reward": set(),  # the shared rule reward and the reward server's client: the standard library only
+    "harness.conformance": {"torch"},  # the shared advantage vectors (harness.remax): torch, which every framework has
+}
+INSIDE = re.compile(r"harness\.frameworks\.[^.]+\.inside")
+
+
+def _harness_modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in (REPO / "harness").rglob("*.py") if "build" not in p.relative_to(REPO).parts}
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> list[tuple[int, str, bool]]:
+    """(line, module, whether it runs when the module is imported) of every import: a module of `modules` where the
+    name is one (`from harness import reward` is harness.reward), else the name as written; relative ones resolved.
+    Not at import: inside a function, or under `if TYPE_CHECKING:`."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+
+    def visit(node: ast.AST, at_import: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or (
+                isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)):
+            at_import = False
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, a.name, at_import) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            found.extend((node.lineno, f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base, at_import)
+                         for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child, at_import)
+
+    visit(ast.parse(path.read_text()), True)
+    return found
+
+
+def test_code_inside_a_framework_imports_only_its_environment_and_the_harness_never_imports_it():
+    """A module under harness/frameworks/*/inside/ imports, of the harness, only INSIDE_MAY_IMPORT and its own
+    framework's inside/ (anywhere in it: a deferred import runs there too), and those modules bring no more than they
+    say; no other module of the harness imports an inside/ folder at module level (the harness's Python does not run
+    a framework's code: it names those files by path)."""
+    modules = _harness_modules()
+    found = []
+    for name, path in sorted(modules.items()):
+        own = INSIDE.match(name)
+        for line, imported, at_import in _imports(path, name, set(modules)):
+            where = f"{path.relative_to(REPO)}:{line}: {imported}"
+            is_harness = imported == "harness" or imported.startswith("harness.")
+            if own and is_harness and imported not in INSIDE_MAY_IMPORT and not (
+                    imported == own.group(0) or imported.startswith(own.group(0) + ".")):
+                found.append(f"{where} (inside/ may import of the harness only {', '.join(INSIDE_MAY_IMPORT)})")
+            elif not own and at_import and INSIDE.match(imported):
+                found.append(f"{where} (the harness imports code that runs inside a framework)")
+    assert found == [], "\n".join(found)
+    for allowed, brings in INSIDE_MAY_IMPORT.items():
+        seen, todo, third_party = set(), [allowed], set()
+        while todo:  # what importing it runs: its module-level imports, the harness's followed
+            name = todo.pop()
+            seen.add(name)
+            for _, imported, at_import in _imports(modules[name], name, set(modules)):
+                parents = [".".join(imported.split(".")[:i]) for i in range(1, imported.count(".") + 2)]
+                todo += [p for p in parents if at_import and p in modules and p not in seen]
+                top = imported.split(".")[0]
+                if at_import and top != "harness" and top not in sys.stdlib_module_names:
+                    third_party.add(top)
+        assert third_party <= brings, f"{allowed} brings {sorted(third_party - brings)} into a framework's environment"

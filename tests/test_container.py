@@ -186,7 +186,8 @@ def test_definition_writes_plain_paths_as_before_and_quotes_a_path_with_a_space(
     lines = container.definition("openrlhf", settings).splitlines()
     files = lines[lines.index("%files") + 1:lines.index("%post") - 1]
     assert files == [f"    {envs.spec_path('openrlhf')} /opt/remax-bench/openrlhf.txt",
-                     f"    {REPO}/harness/frameworks/openrlhf/remax/remax_patch.py /opt/remax-bench/remax_patch.py",
+                     f"    {REPO}/harness/frameworks/openrlhf/inside/remax/remax_patch.py "
+                     "/opt/remax-bench/remax_patch.py",
                      f'    "{spaced}" "/opt/remax-bench/fix up.py"']
     assert "    python3 '/opt/remax-bench/fix up.py'" in lines
 

@@ -85,7 +85,7 @@ def test_plan_maps_the_shared_settings_onto_main_py(tmp_path, inputs):
     argv = p["argv"]
     assert argv[0].endswith(".venvs/dschat/bin/deepspeed") and flag(argv, "--num_gpus") == "8"
     assert flag(argv, "--greedy-eval") == "off"  # a 7B policy's eval split decoded by Transformers: hours
-    assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat/launcher.py")
+    assert argv[argv.index("--num_gpus") + 4].endswith("harness/frameworks/dschat/inside/launcher.py")
     assert flag(argv, "--main") == "$RUN_DIR/ReMax/step3_rlhf_finetuning/main.py"
     args = ds_plan.main_args(argv)
     assert args[:2] == ["--algo", "remax"] and flag(args, "--data_path") == "local/jsonfile"
@@ -188,8 +188,11 @@ def test_plan_refuses_a_reward_url_without_a_port_for_a_reward_model(tmp_path, m
 
 
 def test_launcher_passes_everything_but_its_own_options_to_main_py():
-    from harness.frameworks.dschat import launcher as dschat_launcher
+    from harness.frameworks.dschat.inside import launcher as dschat_launcher
 
+    # the plan reads the launcher's constants from its source, never importing it: the same values
+    assert (ds_plan.LAUNCHER_OPTIONS, ds_plan.EVAL_LOG, ds_plan.DETERMINISTIC_ENV) == (
+        dschat_launcher.LAUNCHER_OPTIONS, dschat_launcher.EVAL_LOG, dschat_launcher.DETERMINISTIC_ENV)
     # as the deepspeed launcher calls it: script, --local_rank=R, then the planned arguments
     args, rest = dschat_launcher.parse_args(["--local_rank=3", "--main", "m.py", "--steps-log", "s.log",
                                              "--dataset", "d.jsonl", "--data_path", "local/jsonfile", "--seed", "2"])
@@ -399,7 +402,7 @@ DRIVER = FIXTURES / "engine_driver.py"  # runs in dschat-cpu
 
 def drive(ds_python, tmp_path, task_files, mode, reward_url="", checkout="", generation_length="natural"):
     log = tmp_path / "steps.log"
-    proc = subprocess.run([ds_python, str(DRIVER), REPO / "harness" / "frameworks" / "dschat", log, task_files, mode,
+    proc = subprocess.run([ds_python, str(DRIVER), ds_plan.LAUNCHER.parent, log, task_files, mode,
                            reward_url, checkout, generation_length], capture_output=True, text=True, env=ds_env(),
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -555,7 +558,7 @@ def test_launcher_install_and_the_exported_data_through_deepspeed_chats_reader(d
     (run / "data").symlink_to(plan / "data")
     (run / "data_files").mkdir()
     actor = flag(ds_plan.main_args(p["argv"]), "--actor_model_name_or_path")
-    proc = subprocess.run([ds_python, str(INSTALL), REPO / "harness" / "frameworks" / "dschat",
+    proc = subprocess.run([ds_python, str(INSTALL), ds_plan.LAUNCHER.parent,
                            run / "ReMax" / ds_plan.MAIN, run, "100", "2,4,4", p["inputs"]["dataset"]["path"], actor],
                           capture_output=True, text=True, env=ds_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

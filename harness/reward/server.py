@@ -32,9 +32,9 @@ Overload: at most `max_pending` requests wait for the scorer; one more is answer
 OpenRLHF 0.11.2's own client (openrlhf/utils/agent.py, SingleTurnAgentExecutor._fetch_rewards_via_http) calls
 `raise_for_status()` on any non-2xx answer and tries 5 times in all, sleeping 1 s between tries (it ignores
 Retry-After); after the 5th failure its caller logs "Failed to fetch reward from remote RM" and the sample is left
-without a reward. This project's ReMax agent (harness/frameworks/openrlhf/remax/remax_agent.py) also tries 5 times
-1 s apart on a 5xx, fails at once on a 4xx, and fails the rollout after the 5th try. So a 503 costs a client about
-a second, and `max_pending` must exceed the requests one rollout step sends at once (the default does).
+without a reward. This project's ReMax agent (harness/frameworks/openrlhf/inside/remax/remax_agent.py) also tries 5
+times 1 s apart on a 5xx, fails at once on a 4xx, and fails the rollout after the 5th try. So a 503 costs a client
+about a second, and `max_pending` must exceed the requests one rollout step sends at once (the default does).
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 The modules, by stage of the data flow:
 - plan.py: a launch directory for `step3_rlhf_finetuning/main.py --algo remax` under the `deepspeed` launcher, run
-  through launcher.py (which times DeepSpeed's hybrid engine and scores with the shared reward); the shared dataset
-  exported in DeepSpeed-Chat's `local/jsonfile` layout; settings the code breaks on refused up front.
+  through inside/launcher.py (which times DeepSpeed's hybrid engine and scores with the shared reward); the shared
+  dataset exported in DeepSpeed-Chat's `local/jsonfile` layout; settings the code breaks on refused up front.
 - ingest.py: the launcher's JSON lines (measured), and DeepSpeed-Chat's own printed lines (perf.py
   `print_throughput_step3`, main.py's `Average reward score:` line) as a cross-check, or as estimated rows where
   nothing else exists.
 - conformance.py: ReMax's own return computation (`DeepSpeedReMaxTrainer.compute_loss`, imported from the checkout)
   on the shared vectors, against the reference advantage.
-launcher.py with its reward client (reward_client.py), and conformance_driver.py, run in DeepSpeed-Chat's own
-environment, not the harness's.
+inside/ holds what runs in DeepSpeed-Chat's own environment, not the harness's: launcher.py with its reward client
+(reward_client.py), and conformance_driver.py.
 
 The shared reward replaces DeepSpeed-Chat's reward engine (reward_client.SharedReward). A reward model
 (`reward.kind: model`) is always served: launch.sh starts the shared reward server on the checkpoint and the

@@ -41,7 +41,7 @@ def conformance_cases(config_gamma: float = 1.0) -> dict[str, tuple[dict, float]
     return cases
 
 
-CONFORMANCE_DRIVER = Path(__file__).with_name("conformance_driver.py")
+CONFORMANCE_DRIVER = Path(__file__).with_name("inside") / "conformance_driver.py"
 
 
 def conformance(config: dict | None = None) -> pd.DataFrame:

@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.dschat.launcher import EVAL_LOG
-from harness.frameworks.dschat.plan import NAME
+from harness.frameworks.dschat.plan import EVAL_LOG, NAME
 from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
 from harness.io import text_lines
 from harness.results import metrics

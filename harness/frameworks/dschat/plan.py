@@ -1,11 +1,12 @@
 """The DeepSpeed-Chat plan: a launch directory for `step3_rlhf_finetuning/main.py --algo remax` under the `deepspeed`
-launcher, run through the harness's launcher (launcher.py, which times DeepSpeed's hybrid engine and scores with the
-shared reward); the shared dataset exported in DeepSpeed-Chat's `local/jsonfile` layout; settings the code breaks on
-refused up front; the pinned checkout checked before it is planned and again by launch.sh before it runs.
+launcher, run through the harness's launcher (inside/launcher.py, which times DeepSpeed's hybrid engine and scores
+with the shared reward); the shared dataset exported in DeepSpeed-Chat's `local/jsonfile` layout; settings the code
+breaks on refused up front; the pinned checkout checked before it is planned and again by launch.sh before it runs.
 """
 
 from __future__ import annotations
 
+import ast
 import itertools
 import json
 import math
@@ -15,7 +16,6 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.frameworks.determinism import Knob, determinism
-from harness.frameworks.dschat import launcher as dschat_launcher
 from harness.frameworks.registry import environment, get_adapter, on_cpu, run_id, write_plan
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs
@@ -33,7 +33,26 @@ MAIN = "step3_rlhf_finetuning/main.py"
 TEMPLATES = Path(__file__).with_name("templates")  # launch.sh fragments
 CHECKOUT_ENV = "REMAX_BENCH_REMAX_CHECKOUT"  # where conformance (which has no config) finds the checkout
 STEPS_LOG = "dschat_steps.log"  # the launcher's JSON lines, in the run directory
-LAUNCHER = Path(dschat_launcher.__file__)
+LAUNCHER = Path(__file__).with_name("inside") / "launcher.py"  # runs in DeepSpeed-Chat's environment: never imported
+
+
+def _launcher_constants() -> dict:
+    """The launcher's literal module-level constants, read from its source: the harness names the code that runs in
+    DeepSpeed-Chat's environment by path and never imports it (tests/test_code_style.py)."""
+    out = {}
+    for node in ast.parse(LAUNCHER.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return out
+
+
+_CONSTANTS = _launcher_constants()
+LAUNCHER_OPTIONS: tuple[str, ...] = _CONSTANTS["LAUNCHER_OPTIONS"]  # the launcher's own options, one value each
+EVAL_LOG: str = _CONSTANTS["EVAL_LOG"]  # the launcher's greedy evaluation record, beside its steps log
+DETERMINISTIC_ENV: str = _CONSTANTS["DETERMINISTIC_ENV"]  # set: the launcher applies torch's determinism switches
 # main.py: `if (global_step + 1) % (len(prompt_train_dataloader) // 20) == 0` (evaluation every 1/20 epoch)
 MIN_BATCHES = 20
 
@@ -166,8 +185,8 @@ def _served_at(config: dict) -> tuple[str, int | None]:
     return parts.hostname, parts.port
 
 
-# How a CPU run (launch.device cpu) differs from the GPU plan: the launcher's CPU layer
-# (dschat_launcher.install_cpu_layer) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations.
+# How a CPU run (launch.device cpu) differs from the GPU plan: the launcher's CPU layer (install_cpu_layer of
+# inside/launcher.py) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations.
 CPU_DEVIATIONS = [
     {"key": "device", "shared": "the node's GPUs", "effective": "one process on DeepSpeed's cpu accelerator (gloo)",
      "cause": "the ReMax code's torch.cuda.set_device, .cuda() and to_device(batch, cuda) go to the CPU "
@@ -190,8 +209,8 @@ CPU_BF16 = {"key": "dschat.bf16", "shared": False, "effective": True,
 STRICT = [Knob("torch.use_deterministic_algorithms(True), cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8",
                "nondeterministic torch kernels raise instead of running; set by the harness's launcher, in main.py's "
                "process",
-               "dschat/launcher.py main (DETERMINISTIC_ENV); torch/__init__.py:1388 (PyTorch 2.13)",
-               env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", dschat_launcher.DETERMINISTIC_ENV: "1"})]
+               "dschat/inside/launcher.py main (DETERMINISTIC_ENV); torch/__init__.py:1388 (PyTorch 2.13)",
+               env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8", DETERMINISTIC_ENV: "1"})]
 NOT_STRICT = ("DeepSpeed-Chat's sampling (remax_trainer.py:91-95: do_sample with top_p 0.9, no per-request seed) and "
               "DeepSpeed's collectives: neither the ReMax code nor DeepSpeed 0.19.8 has a determinism switch")
 
@@ -251,7 +270,7 @@ def build_argv(config: dict, seed: int, settings: dict, actor: Path, dataset: Pa
 def main_args(argv: list[str]) -> list[str]:
     """The part of a planned argv that main.py's own parser reads: what follows the launcher and its options."""
     i = argv.index(str(LAUNCHER)) + 1
-    while i < len(argv) and argv[i] in dschat_launcher.LAUNCHER_OPTIONS:
+    while i < len(argv) and argv[i] in LAUNCHER_OPTIONS:
         i += 2
     return argv[i:]
 

@@ -1,7 +1,7 @@
 """OpenRLHF 0.11.2 with a faithful ReMax, scored by the shared reward server.
 
 OpenRLHF has no ReMax: every advantage estimator it ships subtracts a batch or group mean, or whitens. The harness
-brings one (openrlhf_remax/): an agent executor (`--train.agent_func_path`) that per prompt asks the rollout engine
+brings one (inside/remax/): an agent executor (`--train.agent_func_path`) that per prompt asks the rollout engine
 for the samples and one greedy response and scores both with the shared reward server, and a patch of the installed
 package that adds `--algo.advantage.estimator remax` (reward minus the greedy reward, REINFORCE returns with gamma
 1, KL in the reward, no normalisation). The patch is applied to the OpenRLHF environment only, by launch.sh before
@@ -17,6 +17,9 @@ each run; the Ray workers import the patched files.
   the eval greedy accuracy, by vLLM before and after training.
 - conformance.py: the patched estimator, run from the installed package, on harness.conformance.CASES
   (in the validation environment it builds) and on the batch each run recorded.
+inside/ holds what runs in OpenRLHF's own environment, not the harness's: remax/ (the agent, the patch, the greedy
+evaluation, the validation driver), the CPU layer (cpu/) and the vllm stand-in of the validation environment
+(cpu_stubs/).
 """
 
 from __future__ import annotations

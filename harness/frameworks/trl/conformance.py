@@ -17,7 +17,7 @@ from harness.frameworks.registry import conformance_env, get_adapter, run_plan
 from harness.frameworks.trl.plan import BATCH_LOG, NAME
 from harness.runtime.envs import ensure_env
 
-CONFORMANCE_DRIVER = Path(__file__).with_name("conformance_driver.py")
+CONFORMANCE_DRIVER = Path(__file__).with_name("inside") / "conformance_driver.py"
 
 
 def conformance(config: dict | None = None) -> pd.DataFrame:

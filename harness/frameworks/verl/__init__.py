@@ -34,7 +34,9 @@ forward pass and its own rendering, so the same checkpoint would not score verl 
 The served path also keeps every framework's reward cost the same kind of work (one shared server on the node).
 
 The modules, by stage: plan.py (the launch directory, verl's hydra overrides, the CPU plan), ingest.py (the logged
-metrics and the validation passes), conformance.py (verl's ReMax advantage against the reference).
+metrics and the validation passes), conformance.py (verl's ReMax advantage against the reference). inside/ holds what
+runs in verl's own environment, not the harness's: the reward function (reward_function.py), the conformance driver
+(conformance_driver.py) and the CPU layer (cpu/).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from harness.frameworks.registry import conformance_env, get_adapter
 from harness.frameworks.verl.plan import NAME
 from harness.runtime.envs import REPO, ensure_env
 
-CONFORMANCE_DRIVER = Path(__file__).with_name("conformance_driver.py")
+CONFORMANCE_DRIVER = Path(__file__).with_name("inside") / "conformance_driver.py"
 
 
 def run_verl_conformance(python: Path) -> dict:

@@ -145,7 +145,7 @@ def evaluation(run_dir: Path) -> dict | None:
         if len(acc) != 1:
             raise HarnessError(f"{log}: verl validation at step {step} has {len(acc)} val-core/.../acc/mean@1 "
                                "values, expected one (is the reward function "
-                               "harness/frameworks/verl/reward_function.py?)")
+                               "harness/frameworks/verl/inside/reward_function.py?)")
         return {"greedy_accuracy": float(acc[0]), "reward_mean": float(reward[0]) if reward else math.nan,
                 "step": step}
 

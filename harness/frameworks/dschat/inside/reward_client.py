@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the dschat environment's packages, for annotations only: no
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from harness.frameworks.dschat.launcher import StepRecorder
+    from harness.frameworks.dschat.inside.launcher import StepRecorder
 
 
 def normalize_prompt(text: str) -> str:

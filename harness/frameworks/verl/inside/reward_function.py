@@ -31,7 +31,7 @@ from typing import Any
 
 # Loaded by path in verl's own environment, where the harness is not installed: make the checkout importable.
 # harness.reward (and harness/__init__) import nothing outside the standard library.
-_REPO = str(Path(__file__).resolve().parents[3])
+_REPO = str(Path(__file__).resolve().parents[4])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
