@@ -45,9 +45,10 @@ def _harness_wrote(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _folder_locked(folder: Path) -> Iterator[None]:
-    """Parallel jobs (Snakemake's) write files into one folder: one record update at a time."""
-    fd = os.open(folder, os.O_RDONLY)
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock held on `path` (a folder, or a lock file made if missing) for the block: parallel jobs
+    (Snakemake's) write files into one folder, and two processes may build one environment."""
+    fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -57,7 +58,7 @@ def _folder_locked(folder: Path) -> Iterator[None]:
 
 def _record_written(path: Path, digest: str) -> None:
     folder = path.parent
-    with _folder_locked(folder):
+    with locked(folder):
         record = {name: d for name, d in _written(folder).items() if (folder / name).is_file()}
         record[path.name] = digest
         tmp = folder / f"{WRITTEN}.{os.getpid()}"

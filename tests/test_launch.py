@@ -323,3 +323,30 @@ def test_a_greedy_evaluation_record_is_read_by_one_reader_that_names_its_writer(
     (d / "eval.json").write_text('{"before": ')
     with pytest.raises(HarnessError, match=r"eval.json: demo's launcher's evaluation record is not valid JSON"):
         greedy_evaluation(d / "eval.json", "demo", "demo's launcher", "demo's decoding")
+
+
+def test_two_processes_building_one_environment_build_it_once(tmp_path):
+    """ensure_env holds a lock per environment: a second process (a prebuild in CI, two `ab` arms, two pipelines)
+    waits for the build in progress instead of deleting it, then finds it made."""
+    import textwrap
+
+    from harness.io import locked
+
+    spec = tmp_path / "tiny.txt"
+    spec.write_text("# nothing to install: the venv alone\n")
+    root = tmp_path / "venvs"
+    root.mkdir()
+    build = textwrap.dedent(f"""
+        from pathlib import Path
+        from harness.runtime.envs import ensure_env
+        print(ensure_env("tiny", root=Path({str(root)!r}), spec=Path({str(spec)!r})))
+    """)
+    with locked(root / ".tiny.lock"):
+        waiting = subprocess.Popen([sys.executable, "-c", build], stdout=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert waiting.poll() is None and not (root / "tiny").exists()  # waits: builds nothing under a held lock
+    python = waiting.communicate(timeout=120)[0].strip()
+    assert waiting.returncode == 0 and Path(python).is_file()
+    (root / "tiny" / "built-once").touch()
+    again = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=120)
+    assert again.stdout.strip() == python and (root / "tiny" / "built-once").exists()  # found made, not rebuilt

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import sha256_file, write_text
+from harness.io import locked, sha256_file, write_text
 
 REPO = Path(__file__).resolve().parents[2]
 FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, found by path: runtime imports no adapter
@@ -169,8 +169,14 @@ def ensure_env(name: str, root: Path | None = None, python: str = sys.executable
     framework), its `#!local` and `#!digest` paths relative to `repo`."""
     root = root or ENV_ROOT
     spec = spec or spec_path(name)
-    venv = root / name
     digest = env_digest(spec, repo)
+    root.mkdir(parents=True, exist_ok=True)
+    with locked(root / f".{name}.lock"):  # a second process waits for the build, then finds it made
+        return _build(name, root, python, spec, repo, digest)
+
+
+def _build(name: str, root: Path, python: str, spec: Path, repo: Path, digest: str) -> Path:
+    venv = root / name
     stamp = venv / STAMP
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return env_python(name, root)
