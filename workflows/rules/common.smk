@@ -5,7 +5,6 @@ import sys
 from harness.config import arms_from_config, refuse_large_files, validate_config
 from harness.frameworks import conformance_env, env_spec, environment, get_adapter, not_runnable, sources
 from harness.results import layout
-from harness.runtime import envs  # plan.smk: spec_path finds an installed framework's envs/ too, the registry loaded
 
 # The arms of `snakemake ab` (rules/ab.smk) are not part of the experiment: taken out before the config is frozen.
 AB = config.pop("ab", None)

@@ -1,7 +1,7 @@
 rule framework_env:
     input:
         # the description ships with the workflow (or in its framework's folder), wherever the working directory is
-        lambda wildcards: str(envs.spec_path(wildcards.env)),
+        lambda wildcards: str(env_spec(wildcards.env)),
         preflight_gate,
     output:
         f"{RESULTS}/{layout.ENV_STAMP}",
