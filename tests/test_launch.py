@@ -112,6 +112,32 @@ def test_a_dead_ray_actor_in_the_log_is_named_by_its_role():
     assert failure_cause("loading the checkpoint\nKilled\n", "openrlhf") == ""
 
 
+def test_a_run_that_outlives_a_dead_actor_it_needs_is_stopped_naming_the_death(tmp_path, monkeypatch):
+    """OpenRLHF's driver may wait for a dead rollout engine until the launch's timeout (hours on a GPU node): once an
+    actor in one of the framework's roles has been dead for DEATH_GRACE_S and the process still runs, the launch
+    stops it. A real process that logs the death and hangs; the intervals are shortened. tests/test_openrlhf_cpu.py
+    kills a real engine."""
+    monkeypatch.setattr(launch_module, "PROGRESS_EVERY_S", 0.2)
+    monkeypatch.setattr(launch_module, "DEATH_GRACE_S", 1.0)
+    d = plan(tmp_path, f"printf %s {shlex.quote(ACTOR_DIED_LOG)}; sleep 300 & echo $! > child.pid; wait\n")
+    record = json.loads((d / "plan.json").read_text())
+    (d / "plan.json").write_text(json.dumps({**record, "framework": "openrlhf"}))
+    start = time.monotonic()
+    with pytest.raises(HarnessError) as err:
+        launch(d, tmp_path / "run", timeout_min=1, config=CONFIG)
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("plan: run failed: still running ") and first.endswith(
+        f" s after a death it cannot recover from (killed): {ENGINE_DIED}"), first
+    assert time.monotonic() - start < 20 and not alive(int((d / "child.pid").read_text()))
+    # An actor no role names (verl's WorkerDict, which verl's own shutdown reports) stops nothing: the run exits
+    # by itself, and a clean exit is a finished run.
+    (tmp_path / "again").mkdir()
+    again = plan(tmp_path / "again", f"printf %s {shlex.quote(ACTOR_DIED_LOG.replace('RolloutRayActor', 'X'))}; "
+                                     "sleep 2\n")
+    launch(again, tmp_path / "again" / "run", timeout_min=1, config=CONFIG)
+    assert json.loads((tmp_path / "again" / "run" / "launch.json").read_text())["exit_code"] == 0
+
+
 def python_c(code: str) -> str:
     """A launch.sh that runs code in a real Python process, its output and traceback going to the run's console."""
     return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}\n"

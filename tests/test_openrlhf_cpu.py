@@ -308,8 +308,8 @@ def test_a_reward_server_that_does_not_answer_fails_the_run_naming_it(openrlhf_c
 def test_a_rollout_engine_that_dies_fails_the_run_naming_it(cpu_plan, cpu_inputs, tmp_path):
     """A real fault: the vLLM engine's Ray actor process is killed (as the OOM killer would) while it starts. OpenRLHF
     then either fails creating the weight-sync group or waits in it for the dead engine; either way the launch fails
-    naming the rollout engine and its pid, with the log tail (a hang at the launch's timeout), and leaves no run
-    directory and none of its processes behind."""
+    naming the rollout engine and its pid, with the log tail (a hang is stopped DEATH_GRACE_S after the death, not
+    at the launch's timeout), and leaves no run directory and none of its processes behind."""
     ensure_env(CPU_ENV)
     out = tmp_path / "run"
     launch = subprocess.Popen([str(BIN / "remax-bench"), "launch", str(cpu_plan), "--config",
@@ -331,7 +331,7 @@ def test_a_rollout_engine_that_dies_fails_the_run_naming_it(cpu_plan, cpu_inputs
     assert launch.returncode == 2, stdout[-2000:] + stderr[-3000:]
     first = stderr.splitlines()[0]
     died = f"a rollout engine (vLLM) died (Ray actor RolloutRayActor, pid {engine})"
-    assert ("run failed: exit code" in first or "run failed: timed out after 3 min" in first) and died in first, first
+    assert ("run failed: exit code" in first or "run failed: still running" in first) and died in first, first
     assert "last lines of console.log" in stderr and not out.exists()
     left = subprocess.run(["pgrep", "-fa", "train_ppo_ray|^ray::"], capture_output=True, text=True).stdout
     assert not [line for line in left.splitlines() if "<defunct>" not in line], left

@@ -83,10 +83,9 @@ def exception_line(log_text: str) -> str:
     return ANSI_COLOR.sub("", found).strip()
 
 
-def failure_cause(log_text: str, framework: str) -> str:
-    """The cause a failed run's log names, in the field's words, where it names one: a Ray actor whose process died
-    (the framework's role for that actor class, and its pid); else the exception its last traceback ends with, cut
-    to CAUSE_CHARS; "" otherwise."""
+def actor_death(log_text: str, framework: str) -> tuple[str, str] | None:
+    """(the framework's role for the actor, "" where it names none; the death in the field's words) for the first Ray
+    actor or worker process the log says died, or None."""
     died = ACTOR_DIED.search(log_text)
     if died is not None:
         actor, pid = died.group(1), died.group(2)
@@ -95,22 +94,30 @@ def failure_cause(log_text: str, framework: str) -> str:
         # Ray prefixes each line a worker prints with its actor class and pid: "(RolloutRayActor pid=4242)"
         printed = re.search(rf"\((\w+) pid={pid}\)", log_text)
         if printed is None:
-            return f"a Ray worker died (pid {pid})"
+            return "", f"a Ray worker died (pid {pid})"
         actor = printed.group(1)
     else:
-        raised = exception_line(log_text)
-        return raised if len(raised) <= CAUSE_CHARS else raised[:CAUSE_CHARS - 4] + " ..."
+        return None
     try:
         roles = get_adapter(framework).ray_roles
     except HarnessError:
         roles = {}
-    role, at = roles.get(actor), f"pid {pid}" if pid else "pid unknown"
-    return f"{role} died (Ray actor {actor}, {at})" if role else f"Ray actor {actor} died ({at})"
+    role, at = roles.get(actor, ""), f"pid {pid}" if pid else "pid unknown"
+    return role, f"{role} died (Ray actor {actor}, {at})" if role else f"Ray actor {actor} died ({at})"
 
 
-def exit_reason(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
-    if timed_out:
-        return f"timed out after {timeout_s / 60:g} min (killed)"
+def failure_cause(log_text: str, framework: str) -> str:
+    """The cause a failed run's log names, in the field's words, where it names one: a Ray actor whose process died
+    (the framework's role for that actor class, and its pid); else the exception its last traceback ends with, cut
+    to CAUSE_CHARS; "" otherwise."""
+    death = actor_death(log_text, framework)
+    if death is not None:
+        return death[1]
+    raised = exception_line(log_text)
+    return raised if len(raised) <= CAUSE_CHARS else raised[:CAUSE_CHARS - 4] + " ..."
+
+
+def exit_reason(returncode: int | None) -> str:
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name
         return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
@@ -164,6 +171,10 @@ def write_evaluation(run_dir: Path, framework: str) -> None:
 
 PROGRESS_EVERY_S = 30.0  # a progress line this often while a framework runs
 STALL_S = 300.0  # no new step for this long: the progress line asks whether the run is stuck
+# An actor in one of the framework's roles (adapter.ray_roles) dead this long, and the framework still running: it
+# will not finish, and without this it would hold its node until the timeout (hours on a GPU profile). A framework
+# that fails by itself does so within seconds of the death, its own error then the one line's cause.
+DEATH_GRACE_S = 60.0
 
 
 def steps_so_far(run_dir: Path, framework: str) -> pd.DataFrame | None:
@@ -197,18 +208,25 @@ def progress_line(who: str, steps: pd.DataFrame | None, total_steps: int, elapse
 
 
 def wait_reporting_progress(proc: subprocess.Popen, run_dir: Path, plan: dict, total_steps: int,
-                            timeout_s: float) -> bool:
-    """Wait for the framework's process, printing a progress line every PROGRESS_EVERY_S; True if it timed out."""
+                            timeout_s: float) -> str:
+    """Wait for the framework's process, printing a progress line every PROGRESS_EVERY_S. "" when it exited by
+    itself; else why it is to be stopped: the timeout, or an actor in one of the framework's roles dead for
+    DEATH_GRACE_S while the framework still runs (OpenRLHF's driver can wait for a dead engine until the timeout)."""
     start = last_step_at = time.monotonic()
-    logged = 0
+    logged, died_at = 0, None
     while True:
         try:
             proc.wait(timeout=min(PROGRESS_EVERY_S, max(0.0, start + timeout_s - time.monotonic())))
-            return False
+            return ""
         except subprocess.TimeoutExpired:
             now = time.monotonic()
             if now - start >= timeout_s:
-                return True
+                return f"timed out after {timeout_s / 60:g} min (killed)"
+        death = actor_death(log_tail(run_dir / CONSOLE_LOG), plan["framework"])
+        if death is not None and death[0]:
+            died_at = died_at if died_at is not None else now
+            if now - died_at >= DEATH_GRACE_S:
+                return f"still running {now - died_at:.0f} s after a death it cannot recover from (killed)"
         steps = steps_so_far(run_dir, plan["framework"])
         if last_step(steps) > logged:
             logged, last_step_at = last_step(steps), now
@@ -234,14 +252,14 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             # Own process group: a timeout kills the framework's whole tree (Ray, launcher workers), not just bash.
             proc = subprocess.Popen(["bash", str(script), str(tmp.resolve())], cwd=plan_dir, stdout=console,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-            timed_out = wait_reporting_progress(proc, tmp, plan, config["remax"]["steps"], timeout_s)
+            stopped = wait_reporting_progress(proc, tmp, plan, config["remax"]["steps"], timeout_s)
             # Whatever of its tree is still running (all of it on a timeout; after a crash an orphaned engine or
             # worker) goes too: the next run needs these cores and ports.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if timed_out or proc.returncode != 0:
-            reason = exit_reason(proc.returncode, timed_out, timeout_s)
+        if stopped or proc.returncode != 0:
+            reason = stopped or exit_reason(proc.returncode)
             log = log_tail(tmp / CONSOLE_LOG)
             cause = failure_cause(log, plan["framework"])
             reason += f": {cause}" if cause else ""

@@ -84,7 +84,8 @@ class Adapter:
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
     # against the harness's tokens/s: the report's cross-check says it beside the two figures.
     own_throughput: str = ""
-    # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)")
+    # Ray actor class -> what it is in the field's words, for a launch failure's cause ("the rollout engine (vLLM)");
+    # the run cannot go on without any of them, so the launch stops a run that outlives one's death (launch.py)
     ray_roles: dict[str, str] = field(default_factory=dict)
     # ---- config block and sources
     # Its config block: a JSON-schema (YAML) file, merged into the config schema as the top-level key `name`
