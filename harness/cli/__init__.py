@@ -1,8 +1,9 @@
 """`remax-bench`: one subcommand per stage of the data flow (docs/design.md); Snakemake rules are thin calls of these.
 
 The subcommands live beside their stage's kind of work: `pipeline` (inputs, runs, ingest, summaries, the report),
-`machine` (environments, images, the reward server, the preflight) and `regression` (history, baselines, the check,
-reproduce, A/B, bisect). Each module lists its subcommands in COMMANDS, each one function that adds its parser.
+`machine` (environments, images, the reward server, the preflight), `regression` (history, baselines, the check,
+reproduce, A/B, bisect) and `publish` (a comparison as one file: bundle, unbundle). Each module lists its subcommands
+in COMMANDS, each one function that adds its parser.
 
 One meaning per exit code, for every subcommand (docs/design.md, "Exit codes"): 0 done; 1 only "a regression was
 found" (`check`); 2 bad input or a problem of the machine (a bad config, log or baseline, an unwritable or full disk,
@@ -21,7 +22,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from harness import HarnessError
-from harness.cli import comparison, machine, pipeline, regression, runs
+from harness.cli import comparison, machine, pipeline, publish, regression, runs
 
 EXIT_BAD_INPUT = 2
 EXIT_BUG = 3
@@ -30,7 +31,8 @@ EXIT_BUG = 3
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="remax-bench", description=(__doc__ or "").splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (*pipeline.COMMANDS, *runs.COMMANDS, *machine.COMMANDS, *regression.COMMANDS, *comparison.COMMANDS):
+    for add in (*pipeline.COMMANDS, *runs.COMMANDS, *publish.COMMANDS, *machine.COMMANDS, *regression.COMMANDS,
+                *comparison.COMMANDS):
         add(sub)
     return p
 
