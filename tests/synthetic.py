@@ -20,7 +20,7 @@ from harness.results.metrics import FRAMEWORK_THROUGHPUT, to_frame, write_metric
 A100X8 = ["NVIDIA A100-SXM4-80GB"] * 8
 
 
-def _no_logs(logs, n_gpus):
+def _no_logs(run):
     raise HarnessError("synthetic framework: it has no logs to ingest")
 
 

@@ -23,7 +23,7 @@ from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.frameworks import get_adapter
+from harness.frameworks import get_adapter, read_run
 from harness.frameworks.dschat import REMAX_FOLDERS
 from harness.frameworks.dschat import conformance as ds_conformance
 from harness.frameworks.dschat import ingest as ds_ingest
@@ -286,7 +286,7 @@ def run_dir(tmp_path, files: dict[str, str], n_gpus=1):
     d = tmp_path / "run"
     d.mkdir()
     write_json(d / "plan.json", {"framework": "dschat", "framework_version": "ReMax@536ba49+deepspeed-0.10.3",
-                                 "run_id": "dschat-test-s3", "seed": 3, "n_gpus": n_gpus})
+                                 "run_id": "dschat-test-s3", "seed": 3, "n_gpus": n_gpus, "samples_per_prompt": 1})
     for name, text in files.items():
         write_text(d / name, text)
     return d
@@ -337,7 +337,7 @@ def test_garbled_printed_lines_name_file_and_line(tmp_path, edit, message):
     assert edit[0] in text
     d = run_dir(tmp_path, {"console.log": text.replace(edit[0], edit[1], 1)})
     with pytest.raises(HarnessError, match=message):
-        ds_ingest.ingest([d / "console.log"])
+        ds_ingest.ingest(read_run("dschat", [d / "console.log"]))
 
 
 def test_garbled_log_exits_2_from_the_cli(tmp_path):
@@ -351,18 +351,19 @@ def test_garbled_log_exits_2_from_the_cli(tmp_path):
 def test_out_of_order_and_json_errors(tmp_path):
     lines = (FIXTURES / "perf_step3_console.txt").read_text().splitlines()
     swapped = lines[:2] + [lines[3], lines[2]] + lines[4:]  # Training before Generation
+    swapped_run = run_dir(tmp_path, {"console.log": "\n".join(swapped) + "\n"})
     with pytest.raises(HarnessError, match=r"console.log:3: 'Training   =>' line out of order"):
-        ds_ingest.ingest([run_dir(tmp_path, {"console.log": "\n".join(swapped) + "\n"}) / "console.log"])
+        ds_ingest.ingest(read_run("dschat", [swapped_run / "console.log"]))
     bad = tmp_path / "b"
     bad.mkdir()
     shutil.copy(tmp_path / "run" / "plan.json", bad / "plan.json")
     write_text(bad / ds_plan.STEPS_LOG, '{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
     with pytest.raises(HarnessError, match=r"dschat_steps.log:1: step record lacks tokens_prompt"):
-        ds_ingest.ingest([bad / ds_plan.STEPS_LOG])
+        ds_ingest.ingest(read_run("dschat", [bad / ds_plan.STEPS_LOG]))
     alone = tmp_path / "alone.log"
     write_text(alone, (FIXTURES / "perf_step3_console.txt").read_text())
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        ds_ingest.ingest([alone])
+        ds_ingest.ingest(read_run("dschat", [alone]))
 
 
 # ---- the launcher against real DeepSpeed on the CPU ----------------------------------------------------------
@@ -456,7 +457,7 @@ def test_hybrid_engine_wrapping_times_real_deepspeed_on_cpu(engine_run, tmp_path
         assert line["n_gpus"] == 0 and line["world_size"] == 1 and line["kl_mean"] is None
     # ...and they ingest into the common schema.
     d = run_dir(tmp_path, {ds_plan.STEPS_LOG: (engine_dir / "steps.log").read_text()}, n_gpus=0)
-    df = ds_ingest.ingest([d / ds_plan.STEPS_LOG])
+    df = ds_ingest.ingest(read_run("dschat", [d / ds_plan.STEPS_LOG]))
     assert list(df["step"]) == [1, 2] and (df["throughput_tok_s"] > 0).all() and df["time_transition_s"].gt(0).all()
 
 
@@ -592,7 +593,7 @@ def test_the_official_remax_code_trains_on_the_cpu_through_plan_launch_and_inges
     lines = [json.loads(x) for x in (run / ds_plan.STEPS_LOG).read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2, 3] and all(x["n_gpus"] == 0 for x in lines)
     assert all(x["n_samples"] == 16 and x["time_train_s"] > 0 and x["time_gen_greedy_s"] > 0 for x in lines)
-    df = ds_ingest.ingest([run / ds_plan.STEPS_LOG, run / "console.log"])
+    df = ds_ingest.ingest(read_run("dschat", [run / ds_plan.STEPS_LOG, run / "console.log"]))
     assert list(df["step"]) == [1, 2, 3] and (df["throughput_tok_s"] > 0).all()
     assert df["framework_throughput_tok_s"].notna().all()  # perf.py's printed lines, parsed from the console
     manifest = json.loads((run / "manifest.json").read_text())

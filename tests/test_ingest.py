@@ -6,7 +6,7 @@ import pytest
 from conftest import run_cli
 
 from harness import HarnessError
-from harness.frameworks import get_adapter, known_frameworks
+from harness.frameworks import get_adapter, known_frameworks, read_run
 from harness.results.metrics import SCHEMA, to_frame
 
 
@@ -50,7 +50,7 @@ def test_reference_ingest_names_file_and_line_of_a_garbled_record(tmp_path):
     log = write_log(tmp_path / "steps.jsonl", [step(1), step(2)])
     log.write_text(log.read_text() + '{"step": 3, "time_st\n')
     with pytest.raises(HarnessError, match=rf"{log}:3: not a JSON step record"):
-        get_adapter("reference").ingest([log])
+        get_adapter("reference").ingest(read_run("reference", [log]))
 
 
 def test_ingest_cli_writes_parquet_and_rejects_bad_input(tmp_path):

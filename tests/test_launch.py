@@ -319,10 +319,15 @@ def test_a_plan_record_of_the_wrong_types_is_refused_where_it_is_written_and_whe
     d = plan(tmp_path, "touch ran\n")
     record = json.loads((d / "plan.json").read_text())
     with pytest.raises(HarnessError, match=r"adapter's plan is not a plan record \(seed is str '1', not int\)"):
-        write_plan(tmp_path / "written.json", {**record, "seed": "1"})
+        write_plan(tmp_path / "written.json", {**record, "seed": "1"}, {"remax": {"rollout_n": 2}})
     assert not (tmp_path / "written.json").exists()
     with pytest.raises(HarnessError, match=r"missing inputs; n_gpus is bool True, not int"):
-        write_plan(tmp_path / "written.json", {k: v for k, v in record.items() if k != "inputs"} | {"n_gpus": True})
+        write_plan(tmp_path / "written.json", {k: v for k, v in record.items() if k != "inputs"} | {"n_gpus": True},
+                   {"remax": {"rollout_n": 2}})
+    with pytest.raises(HarnessError, match=r"samples_per_prompt is 0, not at least 1"):
+        write_plan(tmp_path / "written.json", record, {"remax": {"rollout_n": 0}})
+    write_plan(tmp_path / "written.json", record, {"remax": {"rollout_n": 2}})
+    assert json.loads((tmp_path / "written.json").read_text())["samples_per_prompt"] == 2  # the config's, copied
     (d / "plan.json").write_text(json.dumps({**record, "run_id": 7}))
     with pytest.raises(HarnessError, match=r"plan.json: not a plan.json \(run_id is int 7, not str\)"):
         launch(d, tmp_path / "run", 1, {"remax": {"steps": 1}})

@@ -20,7 +20,7 @@ from reward_inputs import direct_scores, model_reward_inputs
 
 from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
-from harness.frameworks import get_adapter
+from harness.frameworks import get_adapter, read_run
 from harness.frameworks.openrlhf import conformance as orl_conformance
 from harness.frameworks.openrlhf import ingest as orl_ingest
 from harness.frameworks.openrlhf import plan as orl_plan
@@ -37,7 +37,7 @@ RUN = FIXTURES / "run"
 # ------------------------------------------------------------------------------------------------------- ingest
 
 def test_ingest_fixture_log_gives_independently_computed_numbers():
-    df = get_adapter("openrlhf").ingest([RUN / "openrlhf.log"], None)
+    df = get_adapter("openrlhf").ingest(read_run("openrlhf", [RUN / "openrlhf.log"]))
     assert list(df["step"]) == [1, 2, 3]
     assert set(df["framework"]) == {"openrlhf"} and set(df["framework_version"]) == {"0.11.2"}
     assert set(df["run_id"]) == {"openrlhf-a100x8-s7"} and set(df["seed"]) == {7} and set(df["n_gpus"]) == {8}
@@ -90,13 +90,13 @@ def _copy_run(tmp_path, edit):
 def test_garbled_step_line_names_file_and_line(tmp_path, edit, message):
     log, lineno = _copy_run(tmp_path, edit)
     with pytest.raises(HarnessError, match=f"{log}:{lineno}: {message}"):
-        orl_ingest.ingest([log])
+        orl_ingest.ingest(read_run("openrlhf", [log]))
 
 
 def test_a_run_without_remax_baseline_is_refused(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_baseline': 0.4951171875, ", ""))
     with pytest.raises(HarnessError, match=r"openrlhf.log:\d+: step 2 lacks remax_baseline \(not a ReMax run"):
-        orl_ingest.ingest([log])
+        orl_ingest.ingest(read_run("openrlhf", [log]))
 
 
 def test_the_steps_ends_run_on_over_midnight_and_are_empty_without_the_lines_times(tmp_path):
@@ -107,14 +107,14 @@ def test_the_steps_ends_run_on_over_midnight_and_are_empty_without_the_lines_tim
             s = s.replace(f"{before} ppo_trainer.py:551]", f"{after} ppo_trainer.py:551]")
         return s
     log, _ = _copy_run(tmp_path, midnight)
-    assert list(orl_ingest.ingest([log])["time_step_end_s"]) == [0.0, 188.0, 371.0]
+    assert list(orl_ingest.ingest(read_run("openrlhf", [log]))["time_step_end_s"]) == [0.0, 188.0, 371.0]
     log, _ = _copy_run(tmp_path / "bare", lambda s: s.replace(" ppo_trainer.py:551] ✨", " ✨"))
-    assert orl_ingest.ingest([log])["time_step_end_s"].isna().all()
+    assert orl_ingest.ingest(read_run("openrlhf", [log]))["time_step_end_s"].isna().all()
 
 
 def test_nan_in_the_step_dict_is_read_as_nan(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s.replace("'remax_kl_sum': 0.0072", "'remax_kl_sum': nan"))
-    df = orl_ingest.ingest([log])
+    df = orl_ingest.ingest(read_run("openrlhf", [log]))
     assert math.isnan(df["kl_mean"].iloc[2]) and df["kl_mean"].iloc[1] == 0.002675
 
 
@@ -122,7 +122,28 @@ def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     log, _ = _copy_run(tmp_path, lambda s: s)
     (log.parent / "plan.json").unlink()
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        orl_ingest.ingest([log])
+        orl_ingest.ingest(read_run("openrlhf", [log]))
+
+
+def test_ingest_takes_samples_per_prompt_from_the_typed_plan_record_not_the_hyperparameter_table(tmp_path):
+    """The samples per prompt (the baseline's tokens) come from plan.json's typed `samples_per_prompt` through the
+    run's record: without the hyperparameter table the run ingests the same; with the table saying otherwise it
+    still does; without the typed field the CLI exits 2 naming the file and the field."""
+    log, _ = _copy_run(tmp_path, lambda s: s)
+    plan_path = log.parent / "plan.json"
+    plan = json.loads(plan_path.read_text())
+    expected = orl_ingest.ingest(read_run("openrlhf", [log]))
+    for edited in ({k: v for k, v in plan.items() if k != "hyperparameters"},
+                   {**plan, "hyperparameters": [{**plan["hyperparameters"][0], "effective": 7}]}):
+        plan_path.write_text(json.dumps(edited))
+        pd.testing.assert_frame_equal(orl_ingest.ingest(read_run("openrlhf", [log])), expected)
+    plan_path.write_text(json.dumps({**plan, "samples_per_prompt": 4}))
+    assert list(orl_ingest.ingest(read_run("openrlhf", [log]))["tokens_baseline"]) == [512 * 7.0, 512 * 6.5, 512 * 6.0]
+    plan_path.write_text(json.dumps({k: v for k, v in plan.items() if k != "samples_per_prompt"}))
+    proc = run_cli("ingest", "openrlhf", log.parent, "--out", tmp_path / "m.parquet")
+    assert proc.returncode == 2 and f"{plan_path}: not a plan.json (missing samples_per_prompt)" in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "m.parquet").exists()
 
 
 # --------------------------------------------------------------------------------------------------------- plan
@@ -146,6 +167,7 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     rc = a100x8["config"]["remax"]
     assert (plan["framework"], plan["framework_version"], plan["env"], plan["seed"], plan["n_gpus"]) == \
         ("openrlhf", "0.11.2", "openrlhf", 3, 8)
+    assert plan["samples_per_prompt"] == rc["rollout_n"]  # write_plan's copy of the config's, which ingest reads
     argv = plan["argv"]
     assert argv[:3] == [str(envs.ENV_ROOT / "openrlhf" / "bin" / "python3"), "-m", "openrlhf.cli.train_ppo_ray"]
     assert flag(argv, "--algo.advantage.estimator") == "remax"

@@ -94,7 +94,7 @@ def test_an_installed_framework_runs_through_the_pipeline_and_one_without_a_path
 def test_the_required_core_is_plan_or_run_and_a_profile_without_its_environment_gets_a_reason():
     from harness.frameworks import Adapter, not_runnable, register_framework
 
-    core = {"description": "d", "ingest": lambda logs, n_gpus: None, "log_glob": "x.log"}
+    core = {"description": "d", "ingest": lambda run: None, "log_glob": "x.log"}
     for extra in ({}, {"plan": print, "run": print}):
         with pytest.raises(ValueError, match=r"one of plan .* or run"):
             register_framework(Adapter(name="incomplete", **core, **extra))

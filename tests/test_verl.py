@@ -21,7 +21,7 @@ from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 from harness import HarnessError, reward
 from harness.conformance import CASES, reference_advantages
-from harness.frameworks import reward_serving
+from harness.frameworks import read_run, reward_serving
 from harness.frameworks.verl import VALIDATE_ENV
 from harness.frameworks.verl.ingest import ingest
 from harness.frameworks.verl.plan import RAW_PROMPT_TEMPLATE, SEED_KEYS, VALIDATION_GENERATIONS, _hydra_value
@@ -38,7 +38,7 @@ EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 
 @pytest.mark.parametrize("log", ["verl_metrics.jsonl", "console.log"])
 def test_ingest_gives_the_numbers_computed_from_the_batches(log):
-    df = ingest([RUN / log], None)
+    df = ingest(read_run("verl", [RUN / log]))
     assert list(df["step"]) == [e["step"] for e in EXPECTED]  # the validation-only record at step 0 is skipped
     assert set(df["framework"]) == {"verl"} and set(df["framework_version"]) == {"0.9.1"}
     assert set(df["run_id"]) == {"verl-a100x8-s1"} and set(df["seed"]) == {1} and set(df["n_gpus"]) == {8}
@@ -66,14 +66,15 @@ def test_the_steps_ends_are_the_bars_first_print_of_each_step_and_empty_without_
     console = run / "console.log"
     # tqdm redraws with carriage returns and prints the last count again when the bar closes, later
     console.write_text(console.read_text() + "\rTraining Progress: 100%|██████████| 3/3 [04:31<00:00, 90.33s/it]\n")
-    assert list(ingest([run / "verl_metrics.jsonl"], None)["time_step_end_s"]) == [0, 83, 167]
+    assert list(ingest(read_run("verl", [run / "verl_metrics.jsonl"]))["time_step_end_s"]) == [0, 83, 167]
     console.unlink()
-    df = ingest([run / "verl_metrics.jsonl"], None)
+    df = ingest(read_run("verl", [run / "verl_metrics.jsonl"]))
     assert list(df["step"]) == [1, 2, 3] and df["time_step_end_s"].isna().all()
 
 
 def test_console_and_file_logger_agree_exactly():
-    pd.testing.assert_frame_equal(ingest([RUN / "console.log"], None), ingest([RUN / "verl_metrics.jsonl"], None))
+    pd.testing.assert_frame_equal(ingest(read_run("verl", [RUN / "console.log"])),
+                                  ingest(read_run("verl", [RUN / "verl_metrics.jsonl"])))
 
 
 def test_ingest_cli_takes_the_run_directory_and_n_gpus(tmp_path):
@@ -123,7 +124,7 @@ def _cut_at(marker, keep):
 def test_a_truncated_or_garbled_line_names_file_and_line(tmp_path, name, edit, message):
     log, lineno = _copy_run(tmp_path, name, edit)
     with pytest.raises(HarnessError) as err:
-        ingest([log], None)
+        ingest(read_run("verl", [log]))
     assert f"{log}:{lineno}:" in str(err.value) and message in str(err.value)
 
 
@@ -133,7 +134,7 @@ def test_a_jsonl_line_that_is_not_a_step_record_names_file_and_line(tmp_path):
         return 2
     log, lineno = _copy_run(tmp_path, "verl_metrics.jsonl", edit)
     with pytest.raises(HarnessError, match=re.escape(f"{log}:{lineno}: expected a verl file-logger record")):
-        ingest([log], None)
+        ingest(read_run("verl", [log]))
 
 
 def test_a_metric_that_is_not_a_number_names_file_line_and_key(tmp_path):
@@ -144,7 +145,7 @@ def test_a_metric_that_is_not_a_number_names_file_line_and_key(tmp_path):
     log, lineno = _copy_run(tmp_path, "verl_metrics.jsonl", edit)
     message = f"{log}:{lineno}: verl step 3: timing_s/gen is 'fast', not a number"
     with pytest.raises(HarnessError, match=re.escape(message)):
-        ingest([log], None)
+        ingest(read_run("verl", [log]))
 
 
 @pytest.mark.parametrize("name, keep", [
@@ -157,7 +158,7 @@ def test_a_log_without_training_steps_is_an_error_not_an_empty_table(tmp_path, n
     log, _ = _copy_run(tmp_path, name, edit)
     assert log.read_text()  # something is left, just no training step
     with pytest.raises(HarnessError, match="no verl training-step metrics found"):
-        ingest([log], None)
+        ingest(read_run("verl", [log]))
 
 
 @pytest.mark.parametrize("prefix", ["", "(TaskRunner pid=2861) ", "(pid=17, ip=10.0.0.8) ",
@@ -168,22 +169,22 @@ def test_console_lines_with_or_without_a_ray_prefix(tmp_path, prefix):
     data = json.loads(line)["data"]
     (tmp_path / "console.log").write_text("noise\n" + prefix + " - ".join(
         ["step:1"] + [f"{k}:{v!r}" for k, v in data.items() if isinstance(v, (int, float))]) + "\n")
-    got = ingest([tmp_path / "console.log"], None)
+    got = ingest(read_run("verl", [tmp_path / "console.log"]))
     # The step's end comes from verl's progress bar, which this console (one step line) does not print.
     assert got["time_step_end_s"].isna().all()
     end = "time_step_end_s"
-    pd.testing.assert_frame_equal(got.drop(columns=end), ingest([RUN / "verl_metrics.jsonl"], None).iloc[:1].drop(
-        columns=end))
+    logged = ingest(read_run("verl", [RUN / "verl_metrics.jsonl"]))
+    pd.testing.assert_frame_equal(got.drop(columns=end), logged.iloc[:1].drop(columns=end))
 
 
 def test_identity_comes_from_plan_json_beside_the_log(tmp_path):
     shutil.copy(RUN / "console.log", tmp_path / "console.log")
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
-        ingest([tmp_path / "console.log"], None)
+        ingest(read_run("verl", [tmp_path / "console.log"]))
     (tmp_path / "plan.json").write_text(json.dumps({"framework": "openrlhf", "framework_version": "x", "run_id": "r",
-                                                    "seed": 1, "n_gpus": 8}))
+                                                    "seed": 1, "n_gpus": 8, "samples_per_prompt": 2}))
     with pytest.raises(HarnessError, match="planned for framework 'openrlhf'"):
-        ingest([tmp_path / "console.log"], None)
+        ingest(read_run("verl", [tmp_path / "console.log"]))
 
 
 # --------------------------------------------------------------------------------------------------------- plan

@@ -5,9 +5,12 @@ through the names below; nothing outside a framework's folder knows its name.
 
 from harness.frameworks.registry import (
     PLAN_IDENTITY,
+    PLAN_INGESTED,
     VLLM_HEAD_DIMS,
     Adapter,
     Checkout,
+    LoggedRun,
+    PlanRecord,
     config_blocks,
     conformance_env,
     env_spec,
@@ -18,6 +21,7 @@ from harness.frameworks.registry import (
     not_runnable,
     on_cpu,
     read_plan,
+    read_run,
     refuse_foreign_checkout,
     register_framework,
     run_id,
@@ -28,9 +32,12 @@ from harness.frameworks.registry import (
 
 __all__ = [
     "PLAN_IDENTITY",
+    "PLAN_INGESTED",
     "VLLM_HEAD_DIMS",
     "Adapter",
     "Checkout",
+    "LoggedRun",
+    "PlanRecord",
     "config_blocks",
     "conformance_env",
     "env_spec",
@@ -41,6 +48,7 @@ __all__ = [
     "not_runnable",
     "on_cpu",
     "read_plan",
+    "read_run",
     "refuse_foreign_checkout",
     "register_framework",
     "run_id",

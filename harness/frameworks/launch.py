@@ -180,9 +180,11 @@ DEATH_GRACE_S = 60.0
 def steps_so_far(run_dir: Path, framework: str) -> pd.DataFrame | None:
     """The steps a running framework has logged so far, read from its own log by its adapter's ingest; None where
     nothing can be read yet (no log, or a line half-written: read again at the next look)."""
+    from harness.frameworks import read_run
+
     try:
         adapter = get_adapter(framework)
-        steps = adapter.ingest(sorted(run_dir.glob(adapter.log_glob)), None)
+        steps = adapter.ingest(read_run(framework, sorted(run_dir.glob(adapter.log_glob))))
     except (HarnessError, OSError, ValueError, KeyError):
         return None
     return steps if len(steps) else None

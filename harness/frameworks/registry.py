@@ -42,6 +42,40 @@ class Checkout:
 
 
 @dataclass(frozen=True)
+class PlanRecord:
+    """What a run's ingest reads of its plan.json, typed (read_run, the one place it is read for ingest)."""
+
+    framework: str
+    framework_version: str
+    run_id: str
+    seed: int
+    n_gpus: int  # the GPUs the plan gives the run; 0 on a CPU
+    samples_per_prompt: int  # sampled responses per prompt: the config's remax.rollout_n, which write_plan copies
+    framework_devices: int  # the devices the framework divides its own figures by: n_gpus, unless the plan says
+
+    def identity(self) -> dict:
+        """The run's identity columns (PLAN_IDENTITY), which every row of its steps carries."""
+        return {k: getattr(self, k) for k in PLAN_IDENTITY}
+
+
+@dataclass(frozen=True)
+class LoggedRun:
+    """One run as its adapter's ingest receives it (read_run builds it): its own logs, the GPUs the caller states,
+    and its plan record. Ingest reads no setting from anywhere else."""
+
+    logs: tuple[Path, ...]  # its own logs, in one run directory
+    n_gpus: int | None = None  # the GPUs the caller states for its rows (ingest --n-gpus); None: the run's own
+    plan: PlanRecord | None = None  # its plan.json; None for an embedded backend, whose own log holds its identity
+
+    @property
+    def planned(self) -> PlanRecord:
+        if self.plan is None:
+            raise HarnessError(f"{', '.join(map(str, self.logs))}: no plan record given with these logs (read_run "
+                               "reads it from the plan.json beside them)")
+        return self.plan
+
+
+@dataclass(frozen=True)
 class Adapter:
     """A framework behind the harness. The required core: `name`, `description`, `ingest`, `log_glob` and one of
     `plan` or `run` (register_framework refuses neither and both). Every other field is an optional capability,
@@ -50,7 +84,7 @@ class Adapter:
     # ---- the required core
     name: str
     description: str
-    ingest: Callable[[Sequence[Path], int | None], pd.DataFrame]  # (logs, n_gpus) -> common schema
+    ingest: Callable[[LoggedRun], pd.DataFrame]  # one run (read_run: its logs and typed plan) -> common schema
     log_glob: str  # the run's own logs inside its run directory
     run: Callable[..., None] | None = None  # embedded backends: (config, seed, out_dir, inputs_dir)
     plan: Callable[..., None] | None = None  # real frameworks: write a launch directory
@@ -314,7 +348,10 @@ PLAN_RECORD = (*PLAN_IDENTITY, "inputs")
 # The type of each key of the record: what launch, ingest and the manifest read from it. bool is an int to Python,
 # not to a plan.
 PLAN_TYPES: dict[str, type] = {"framework": str, "framework_version": str, "run_id": str, "seed": int, "n_gpus": int,
-                               "inputs": dict, "hyperparameters": list, "deviations": list}
+                               "inputs": dict, "hyperparameters": list, "deviations": list,
+                               "samples_per_prompt": int, "framework_devices": int}
+# What ingest reads of a plan (PlanRecord, through read_run): the identity, and the settings the rows depend on.
+PLAN_INGESTED = (*PLAN_IDENTITY, "samples_per_prompt")
 
 
 def run_id(framework: str, config: dict, seed: int) -> str:
@@ -327,13 +364,18 @@ def _plan_errors(plan: dict, keys: Sequence[str]) -> list[str]:
     # every typed key a plan holds, required here or not: an adapter's reader takes it as its type
     wrong = [f"{k} is {type(plan[k]).__name__} {plan[k]!r}, not {PLAN_TYPES[k].__name__}" for k in PLAN_TYPES
              if k in plan and (not isinstance(plan[k], PLAN_TYPES[k]) or isinstance(plan[k], bool))]
+    wrong += [f"{k} is {plan[k]}, not at least 1" for k in ("samples_per_prompt", "framework_devices")
+              if isinstance(plan.get(k), int) and plan[k] < 1]
     return ([f"missing {', '.join(missing)}"] if missing else []) + wrong
 
 
-def write_plan(path: Path, plan: dict) -> None:
-    """An adapter's plan.json, checked to hold the record (PLAN_RECORD, of PLAN_TYPES) before it is written: a plan
-    that launch or ingest would refuse fails where it is made."""
-    errors = _plan_errors(plan, PLAN_RECORD)
+def write_plan(path: Path, plan: dict, config: dict) -> None:
+    """An adapter's plan.json, checked to hold the record (PLAN_RECORD and PLAN_INGESTED, of PLAN_TYPES) before it
+    is written: a plan that launch or ingest would refuse fails where it is made. The settings ingest reads are
+    copied here, the one place, from the config the adapter planned (an adapter that cannot run the shared
+    remax.rollout_n refuses the config): `samples_per_prompt`."""
+    plan = {**plan, "samples_per_prompt": config["remax"]["rollout_n"]}
+    errors = _plan_errors(plan, tuple(dict.fromkeys(PLAN_RECORD + PLAN_INGESTED)))
     if errors:
         raise HarnessError(f"{path}: the {plan.get('framework', '?')} adapter's plan is not a plan record "
                            f"({'; '.join(errors)})")
@@ -351,17 +393,35 @@ def read_plan(path: Path, keys: Sequence[str] = PLAN_RECORD) -> dict:
     return plan
 
 
-def run_plan(log: Path, framework: str) -> dict:
-    """The plan.json beside a real framework's log (harness.frameworks.launch copies it into the run directory): the
-    run's identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do not carry it."""
+def run_plan(log: Path, framework: str, keys: Sequence[str] = PLAN_IDENTITY) -> dict:
+    """The plan.json beside a real framework's log (harness.frameworks.launch copies it into the run directory),
+    checked to hold `keys`: the run's identity (PLAN_IDENTITY keys) comes from it, since the frameworks' own logs do
+    not carry it."""
     path = Path(log).parent / "plan.json"
     if not path.is_file():
         raise HarnessError(f"{log}: no plan.json beside it ({path}); the run's identity (run_id, seed, version) "
                            "comes from the plan that harness.frameworks.launch copies into the run directory")
-    plan = read_plan(path, PLAN_IDENTITY)
+    plan = read_plan(path, keys)
     if plan["framework"] != framework:
         raise HarnessError(f"{path}: planned for framework {plan['framework']!r}, not {framework!r}")
     return plan
+
+
+def read_run(framework: str, logs: Sequence[str | Path], n_gpus: int | None = None) -> LoggedRun:
+    """The run these logs (of one run directory) are of, as its adapter's ingest receives it: the one place a
+    plan's settings are read for ingest. A real framework's plan.json lies beside them and must hold PLAN_INGESTED
+    of their PLAN_TYPES (HarnessError naming the file and key); an embedded backend has none."""
+    found = tuple(map(Path, logs))
+    if not found:
+        raise HarnessError(f"no {framework} logs given")
+    if len({p.parent for p in found}) > 1:
+        raise HarnessError(f"{', '.join(map(str, found))}: the logs of one run lie in one run directory")
+    if get_adapter(framework).plan is None:
+        return LoggedRun(found, n_gpus)
+    plan = run_plan(found[0], framework, PLAN_INGESTED)
+    record = PlanRecord(**{k: plan[k] for k in PLAN_INGESTED},
+                        framework_devices=plan.get("framework_devices", plan["n_gpus"]))
+    return LoggedRun(found, n_gpus, record)
 
 
 def greedy_evaluation(path: Path, framework: str, writer: str, source: str) -> dict | None:

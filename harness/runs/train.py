@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import get_adapter
+from harness.frameworks import get_adapter, read_run
 from harness.frameworks.launch import launch
 from harness.io import check_replaceable
 from harness.results import layout
@@ -50,16 +50,19 @@ def plan(config: dict, framework: str, seed: int, out: str | Path, inputs: str |
 
 
 def ingest(framework: str, logs: Sequence[str | Path], n_gpus: int | None = None) -> pd.DataFrame:
-    """A run's own logs in the common schema: each path a log file, or a run directory holding the adapter's logs."""
+    """Runs' own logs in the common schema: each path a log file, or a run directory holding the adapter's logs. The
+    logs of each run directory are one run, which its adapter's ingest receives as read_run gives it."""
     adapter = get_adapter(framework)
-    found: list[Path] = []
+    runs: dict[Path, list[Path]] = {}
     for log in map(Path, logs):
         paths = sorted(log.glob(adapter.log_glob)) if log.is_dir() else [log]
         if not paths or not all(p.is_file() for p in paths):
             where = f" ({adapter.log_glob})" if log.is_dir() else ""
             raise HarnessError(f"{log}: no {adapter.name} log found{where}")
-        found += paths
-    return adapter.ingest(found, n_gpus)
+        for path in paths:
+            runs.setdefault(path.parent, []).append(path)
+    frames = [adapter.ingest(read_run(framework, found, n_gpus)) for found in runs.values()]
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
 def train(config: dict, framework: str, seed: int, out: str | Path, inputs: str | Path,

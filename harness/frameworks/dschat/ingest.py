@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.dschat.plan import EVAL_LOG, NAME
-from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
+from harness.frameworks.registry import LoggedRun, greedy_evaluation
 from harness.io import text_lines
 from harness.results import metrics
 
@@ -121,38 +120,30 @@ def evaluation(run_dir: Path) -> dict | None:
                              "the saved actor by the launcher (Transformers generate)")
 
 
-def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+def ingest(run: LoggedRun) -> pd.DataFrame:
     """The launcher's JSON lines (measured) with DeepSpeed-Chat's printed figure beside them; printed lines alone
-    give estimated rows (`tokens_estimated`). Logs of one run directory belong together (same plan.json)."""
-    by_run: dict[Path, dict] = {}
-    for path in map(Path, logs):
-        entry = by_run.setdefault(path.parent, {"json": [], "printed": [], "paths": []})
-        entry["paths"].append(path)
-        (entry["json"] if _is_json_lines(path) else entry["printed"]).append(path)
-    frames = []
-    for entry in by_run.values():
-        ident = {k: v for k, v in run_plan(entry["paths"][0], NAME).items() if k in PLAN_IDENTITY}
-        planned_gpus = ident.pop("n_gpus")
-        gpus = n_gpus if n_gpus is not None else planned_gpus or 0
-        printed = [b for p in entry["printed"] for b in parse_printed(p)]
-        if entry["json"]:
-            rows = [r for p in entry["json"] for r in _read_json_lines(p)]
-            for i, r in enumerate(rows):
-                r[ESTIMATED] = False
-                if n_gpus is not None:
-                    r["n_gpus"] = n_gpus
-                if i < len(printed):  # DeepSpeed-Chat prints one block per step, after the step
-                    e2e = printed[i]["e2e"]
-                    r[metrics.FRAMEWORK_THROUGHPUT] = e2e["samples_per_s"] * e2e["seq_len"]
-        else:
-            rows = [_printed_row(i, b, gpus) for i, b in enumerate(printed, 1)]
-        for r in rows:
-            r.update(ident)
-        source = ", ".join(map(str, entry["paths"]))
-        df = metrics.to_frame(rows, source)
-        flags = {int(r["step"]): bool(r[ESTIMATED]) for r in rows}
-        df[ESTIMATED] = df["step"].map(flags).astype(bool)
-        frames.append(df)
-    if not frames:
+    give estimated rows (`tokens_estimated`)."""
+    if not run.logs:
         raise HarnessError("no DeepSpeed-Chat logs given")
-    return pd.concat(frames, ignore_index=True)
+    ident = run.planned.identity()
+    planned_gpus = ident.pop("n_gpus")
+    gpus = run.n_gpus if run.n_gpus is not None else planned_gpus or 0
+    json_logs = [p for p in run.logs if _is_json_lines(p)]
+    printed = [b for p in run.logs if p not in json_logs for b in parse_printed(p)]
+    if json_logs:
+        rows = [r for p in json_logs for r in _read_json_lines(p)]
+        for i, r in enumerate(rows):
+            r[ESTIMATED] = False
+            if run.n_gpus is not None:
+                r["n_gpus"] = run.n_gpus
+            if i < len(printed):  # DeepSpeed-Chat prints one block per step, after the step
+                e2e = printed[i]["e2e"]
+                r[metrics.FRAMEWORK_THROUGHPUT] = e2e["samples_per_s"] * e2e["seq_len"]
+    else:
+        rows = [_printed_row(i, b, gpus) for i, b in enumerate(printed, 1)]
+    for r in rows:
+        r.update(ident)
+    df = metrics.to_frame(rows, ", ".join(map(str, run.logs)))
+    flags = {int(r["step"]): bool(r[ESTIMATED]) for r in rows}
+    df[ESTIMATED] = df["step"].map(flags).astype(bool)
+    return df

@@ -413,4 +413,4 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
                           + ([CPU_BF16] if on_cpu(config) and not config[NAME]["bf16"] else []) + strict_deviations,
             "determinism": determinism_record,
             "reward": reward,
-        })
+        }, config)

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.openrlhf.plan import LOG, NAME, REMAX_DIR
-from harness.frameworks.registry import greedy_evaluation, run_plan
+from harness.frameworks.registry import LoggedRun, greedy_evaluation, run_plan
 from harness.io import text_lines
 from harness.results import metrics
 from harness.runtime import envs
@@ -46,16 +45,6 @@ def _literal(text: str) -> Any:
         repaired = NONFINITE.sub(lambda m: "None" if m.group(2) == "nan" else m.group(1) + "1e999", text)
         value = ast.literal_eval(repaired)
         return {k: math.nan if v is None else v for k, v in value.items()} if isinstance(value, dict) else value
-
-
-def _samples_per_prompt(plan_: dict, path: Path) -> int:
-    for h in plan_.get("hyperparameters", []):
-        if isinstance(h, dict) and h.get("key") == "remax.rollout_n":
-            n = h.get("effective")
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise HarnessError(f"{path}: plan.json's remax.rollout_n is {n!r}, not a number of samples")
-            return n
-    raise HarnessError(f"{path}: plan.json lists no remax.rollout_n hyperparameter")
 
 
 def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> dict:
@@ -95,13 +84,13 @@ def _step_ends(times: dict[int, int]) -> dict[int, float]:
     return ends
 
 
-def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+def ingest(run: LoggedRun) -> pd.DataFrame:
+    """OpenRLHF's step lines; the baseline's tokens by the samples per prompt of the run's plan record."""
     rows: list[dict] = []
-    for path in map(Path, logs):
-        plan_ = run_plan(path, NAME)
-        identity = {k: plan_[k] for k in ("framework", "framework_version", "run_id", "seed")}
-        gpus = plan_["n_gpus"] if n_gpus is None else n_gpus
-        per_prompt = _samples_per_prompt(plan_, path)
+    plan_ = run.planned
+    identity = {k: v for k, v in plan_.identity().items() if k != "n_gpus"}
+    gpus = plan_.n_gpus if run.n_gpus is None else run.n_gpus
+    for path in run.logs:
         times: dict[int, int] = {}
         found = len(rows)
         for lineno, line in text_lines(path, errors="replace"):
@@ -121,12 +110,12 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
                 raise HarnessError(f"{where}: the step's metrics are not a Python dict literal ({e})") from None
             if not isinstance(status, dict):
                 raise HarnessError(f"{where}: the step's metrics are not a dict")
-            rows.append({**identity, **_row(status, int(match.group(1)), gpus, per_prompt, where)})
+            rows.append({**identity, **_row(status, int(match.group(1)), gpus, plan_.samples_per_prompt, where)})
         first = min((row["step"] for row in rows[found:]), default=None)
         ends = _step_ends(times) if first in times else {}  # from the log's first step, or none
         for row in rows[found:]:
             row["time_step_end_s"] = ends.get(row["step"], math.nan)
-    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+    return metrics.to_frame(rows, ", ".join(map(str, run.logs)))
 
 
 # ----------------------------------------------------------------------------------------------------- evaluation

@@ -298,4 +298,4 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "hyperparameters": hyper, "deviations": [*deviations, *strict_deviations], "reward_server": reward_url,
             "reward": reward,
             "determinism": determinism_record,
-        })
+        }, config)

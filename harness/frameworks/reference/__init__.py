@@ -8,13 +8,12 @@ seconds before its first line of work.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.registry import Adapter, register_framework
+from harness.frameworks.registry import Adapter, LoggedRun, register_framework
 from harness.io import read_jsonl
 from harness.results import metrics
 
@@ -29,16 +28,17 @@ def run(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) ->
     train(config, seed, out_dir, inputs_dir)
 
 
-def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+def ingest(run: LoggedRun) -> pd.DataFrame:
+    """The backend's step log, whose rows carry the run's identity (an embedded run has no plan record)."""
     rows = []
-    for path in logs:
+    for path in run.logs:
         for lineno, row in read_jsonl(path, "not a JSON step record"):
             if not isinstance(row, dict):
                 raise HarnessError(f"{path}:{lineno}: expected a JSON object per line")
-            if n_gpus is not None:
-                row["n_gpus"] = n_gpus
+            if run.n_gpus is not None:
+                row["n_gpus"] = run.n_gpus
             rows.append(row)
-    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+    return metrics.to_frame(rows, ", ".join(map(str, run.logs)))
 
 
 register_framework(Adapter(

@@ -8,13 +8,12 @@ from __future__ import annotations
 import ast
 import json
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks.registry import PLAN_IDENTITY, greedy_evaluation, run_plan
+from harness.frameworks.registry import LoggedRun, greedy_evaluation
 from harness.frameworks.trl.plan import EVAL_LOG, NAME, STEPS_LOG, TRL_LOG
 from harness.io import text_lines
 from harness.results import metrics
@@ -36,13 +35,14 @@ def parse_printed(path: Path) -> list[dict]:
     return steps
 
 
-def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+def ingest(run: LoggedRun) -> pd.DataFrame:
     """The trainer's step records; TRL's own tokens/s beside them (its num_tokens counted over its step_time)."""
     frames = []
-    for path in map(Path, logs):
+    n_gpus = run.n_gpus
+    ident = {k: v for k, v in run.planned.identity().items() if k != "n_gpus"}
+    for path in run.logs:
         if path.name != STEPS_LOG:
             continue
-        ident = {k: v for k, v in run_plan(path, NAME).items() if k in PLAN_IDENTITY and k != "n_gpus"}
         rows = []
         for lineno, line in text_lines(path):
             try:
@@ -63,7 +63,7 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
             seen = logged["num_tokens"]
         frames.append(metrics.to_frame(rows, str(path)))
     if not frames:
-        raise HarnessError(f"no TRL step records ({STEPS_LOG}) among {', '.join(map(str, logs)) or 'no logs'}")
+        raise HarnessError(f"no TRL step records ({STEPS_LOG}) among {', '.join(map(str, run.logs)) or 'no logs'}")
     return pd.concat(frames, ignore_index=True)
 
 

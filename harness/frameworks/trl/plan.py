@@ -129,4 +129,4 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "hyperparameters": _hyperparameters(config, seed),
             "deviations": DEVIATIONS + (CPU_DEVIATIONS if on_cpu(config) else []) + strict_deviations,
             "determinism": determinism_record, "reward": reward,
-        })
+        }, config)

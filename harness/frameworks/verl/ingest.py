@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from harness import HarnessError
 from harness.frameworks.launch import CONSOLE_LOG
-from harness.frameworks.registry import PLAN_IDENTITY, run_plan
+from harness.frameworks.registry import LoggedRun, run_plan
 from harness.frameworks.verl.plan import METRICS_LOG, NAME, VALIDATION_GENERATIONS
 from harness.io import read_jsonl, text_lines
 from harness.results import metrics
@@ -75,14 +74,13 @@ def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
     return record["step"], {k: (math.nan if v is None else v) for k, v in record["data"].items()}
 
 
-def _identity(log: Path, n_gpus: int | None) -> tuple[dict, int]:
+def _identity(run: LoggedRun) -> tuple[dict, int]:
     """The run's identity, and the devices verl divided perf/throughput by (the GPUs the caller states, else the
-    plan's: on a CPU, the one pretend GPU of a run with no GPUs)."""
-    plan = run_plan(log, NAME)
-    ident = {k: v for k, v in plan.items() if k in PLAN_IDENTITY}
-    if n_gpus is not None:
-        return {**ident, "n_gpus": n_gpus}, n_gpus
-    return ident, plan.get("framework_devices", ident["n_gpus"])
+    plan's framework_devices: on a CPU, the one pretend GPU of a run with no GPUs)."""
+    plan = run.planned
+    if run.n_gpus is not None:
+        return {**plan.identity(), "n_gpus": run.n_gpus}, run.n_gpus
+    return plan.identity(), plan.framework_devices
 
 
 def _step_row(step: int, data: dict, where: str, ident: dict, devices: int) -> dict:
@@ -178,12 +176,12 @@ def progress_elapsed(console: Path) -> dict[int, int]:
     return elapsed
 
 
-def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
+def ingest(run: LoggedRun) -> pd.DataFrame:
     """verl's file-logger JSONL (*.jsonl) or its console output (anything else) -> the common schema; the steps' ends
     from the progress bar in the console output (the log itself, or the run's console beside the JSONL)."""
     rows = []
-    for log in map(Path, logs):
-        ident, devices = _identity(log, n_gpus)
+    ident, devices = _identity(run)
+    for log in run.logs:
         parse = _parse_jsonl_line if log.suffix == ".jsonl" else _parse_console_line
         elapsed = progress_elapsed(log.parent / CONSOLE_LOG if log.suffix == ".jsonl" else log)
         found = 0
@@ -205,4 +203,4 @@ def ingest(logs: Sequence[Path], n_gpus: int | None = None) -> pd.DataFrame:
         for row in rows[-found:]:
             known = first in elapsed and row["step"] in elapsed
             row["time_step_end_s"] = elapsed[row["step"]] - elapsed[first] if known else math.nan
-    return metrics.to_frame(rows, ", ".join(map(str, logs)))
+    return metrics.to_frame(rows, ", ".join(map(str, run.logs)))

@@ -337,7 +337,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         tmp.mkdir()
         for name, split in ((TRAIN_PARQUET, "train"), (VAL_PARQUET, "eval")):
             pd.DataFrame(to_verl_rows(dataset[split], config["task"]["kind"])).to_parquet(tmp / name, index=False)
-        write_plan(tmp / "plan.json", plan_json)
+        write_plan(tmp / "plan.json", plan_json, config)
         write_text(tmp / "launch.sh", launch_script(
             title=f"verl {VERSION} ReMax run planned by `remax-bench plan verl`; verl's metrics go to "
                   f"RUN_DIR/{METRICS_LOG}",
