@@ -20,8 +20,9 @@ from conftest import REPO, run_cli
 
 from harness import HarnessError
 from harness.comparison.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
-from harness.comparison.paired import decide, t_quantile
+from harness.comparison.paired import decide
 from harness.io import write_json
+from harness.results.student_t import t_quantile
 
 # One short config both arms run: 2 seeds of the reference backend, a few seconds a run; 60 steps so that a run's
 # trailing reward window starts empty (NaN), as in any real profile.

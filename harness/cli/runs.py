@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness import HarnessError
 from harness.cli.args import at_least, config, positive, with_config, with_inputs
 
 
@@ -79,20 +80,41 @@ def _ingest(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_ingest)
 
 
-def cmd_reproduce(args: argparse.Namespace) -> None:
-    from harness.runs.reproduce import RECORD, reproduce
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    source = Path(args.source)
+    if (source / "manifest.json").is_file():  # one run: the bitwise check where the world is the same
+        from harness.runs.reproduce import RECORD, reproduce
 
-    record = reproduce(args.run_dir, args.out, args.inputs, args.timeout_min)
-    print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
+        if args.frameworks or args.seeds:
+            raise HarnessError(f"{source}: one run; --frameworks and --seeds choose among a comparison's runs")
+        record = reproduce(source, args.out, args.inputs, args.timeout_min)
+        print(f"{record['run_id']}: {record['text']} ({args.out}/{RECORD})")
+        return 0
+    from harness.report.reproduction import PAGE, write_page
+    from harness.runs.reproduce_comparison import RECORD as COMPARISON
+    from harness.runs.reproduce_comparison import reproduce_comparison
+
+    record = reproduce_comparison(source, args.out, args.frameworks, args.seeds, args.inputs, args.timeout_min)
+    write_page(record, Path(args.out))
+    lines = [f"{f['framework']} {f['label']}: {f['verdict']}" for f in record["figures"]
+             if f["verdict"] != "consistent"]
+    lines += [f"{r['framework']} seed {r['seed']}: did not run again: {r['error']}" for r in record["runs"]
+              if r["error"]]
+    print("\n".join([f"{source}: {record['verdict']} ({args.out}/{PAGE}, {args.out}/{COMPARISON})", *lines]))
+    return 0 if record["verdict"] in ("identical", "consistent") else 1
 
 
 def _reproduce(sub: argparse._SubParsersAction) -> None:
-    sp = sub.add_parser("reproduce", help="run a finished run again from its manifest and say whether it reproduced "
-                                          "(identical, or the first divergent step); exit 2 naming what differs "
-                                          "when inputs, commit, packages or machine are not the recorded ones")
-    sp.add_argument("run_dir")
-    sp.add_argument("--out", required=True, help="the rerun's run directory (never the original)")
-    sp.add_argument("--inputs", help="the inputs directory (default: where the manifest's dataset is)")
+    sp = sub.add_parser("reproduce", help="run a finished run, a results directory or a bundle again and say whether "
+                                          "it reproduced: one run bitwise (identical, or the first divergent step; "
+                                          "exit 2 naming what differs when inputs, commit, packages or machine are "
+                                          "not the recorded ones); a comparison on any machine, a verdict per "
+                                          "figure (exit 1 when one is not consistent)")
+    sp.add_argument("source", help="a run directory, a results directory, or a bundle (remax-bench bundle)")
+    sp.add_argument("--out", required=True, help="the rerun's folder (never the original)")
+    sp.add_argument("--inputs", help="the inputs directory (default: the run's, the results' or the bundle's)")
+    sp.add_argument("--frameworks", nargs="+", help="a comparison's frameworks to rerun (default: all)")
+    sp.add_argument("--seeds", nargs="+", type=at_least(0), help="a comparison's seeds to rerun (default: all)")
     sp.add_argument("--timeout-min", type=positive, help="a planned framework's timeout (default: the config's)")
     sp.set_defaults(func=cmd_reproduce)
 

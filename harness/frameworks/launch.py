@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.frameworks import get_adapter, read_plan
+from harness.frameworks import get_adapter, read_plan, read_run
 from harness.io import atomic_path, log_tail, write_json
 from harness.results import layout
 from harness.results.efficiency import framework_cpu_peak
@@ -180,8 +180,6 @@ DEATH_GRACE_S = 60.0
 def steps_so_far(run_dir: Path, framework: str) -> pd.DataFrame | None:
     """The steps a running framework has logged so far, read from its own log by its adapter's ingest; None where
     nothing can be read yet (no log, or a line half-written: read again at the next look)."""
-    from harness.frameworks import read_run
-
     try:
         adapter = get_adapter(framework)
         steps = adapter.ingest(read_run(framework, sorted(run_dir.glob(adapter.log_glob))))

@@ -50,6 +50,12 @@ def differences(manifest: dict, config: dict, inputs_dir: Path) -> list[str]:
     else:
         out += [f"input {name}: sha256 recorded {rec.get('sha256')}, now {now.get(name, {}).get('sha256')}"
                 for name, rec in manifest["inputs"].items() if rec.get("sha256") != now.get(name, {}).get("sha256")]
+    return out + world_differences(manifest, config)
+
+
+def world_differences(manifest: dict, config: dict) -> list[str]:
+    """What differs between the run's recorded world (harness commit, packages, machine) and this one now."""
+    out = []
     recorded_git, git = manifest.get("git", {}), git_commit()
     if recorded_git.get("commit") != git["commit"]:
         out.append(f"harness commit: recorded {recorded_git.get('commit')}, now {git['commit']}")

@@ -1,0 +1,227 @@
+"""`remax-bench reproduce RESULTS_OR_BUNDLE --out DIR`: rerun a whole comparison, on any machine, and give a verdict per
+figure (docs/reproducibility.md, "On another machine").
+
+The one refusal is a different input (dataset, policy, reward by sha256): it would not be the same experiment.
+Everything else that differs between the original's world and this one (the machine, the packages, the harness
+commit) is listed as context, since that is the question: does the comparison hold there? Each chosen (framework,
+seed) is trained again through `train`, into DIR/runs; then either every logged figure of every run is equal
+("identical", where the world is the same and the runs were strict), or each figure is judged by
+harness.results.consistency against what the original's seeds spread. The record is DIR/reproduce.json; the CLI
+renders it as DIR/index.html.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from harness import HarnessError
+from harness.config import validate_config
+from harness.frameworks import env_spec
+from harness.inputs import resolve_inputs
+from harness.io import atomic_path, config_hash, read_json_object, write_json
+from harness.results import layout
+from harness.results.consistency import run_figures, throughput_shares, verdicts
+from harness.results.metrics import read_metrics
+from harness.results.records import read_manifest
+from harness.results.reproducibility import first_divergence, greedy_responses, step0_agreement
+from harness.results.summarize import edge_means, read_eval, read_summary, summarize
+from harness.runs.bundle import open_bundle
+from harness.runs.reproduce import world_differences
+from harness.runs.train import METRICS, train
+from harness.runtime import envs
+from harness.runtime.envs import REPO
+from harness.runtime.manifest import git_commit
+
+RECORD = "reproduce.json"
+OWNER = {"kind": "reproduction"}
+REFERENCE = "reference"  # the embedded backend: step-0 agreement is each framework's greedy responses against its
+
+
+def _original_runs(original: Path, frameworks: list[str] | None, seeds: list[int] | None) -> list[dict]:
+    """Each (framework, seed) of the original's summary that is chosen, with its manifest; HarnessError naming a
+    chosen framework or seed it does not have."""
+    summary = read_summary(original / layout.SUMMARY)
+    have = sorted({(str(r.framework), int(r.seed)) for r in summary.itertuples()})
+    choices: list[tuple[str, list, set]] = [("framework", frameworks or [], {f for f, _ in have}),
+                                            ("seed", seeds or [], {s for _, s in have})]
+    for what, chosen, known in choices:
+        unknown = [str(c) for c in chosen if c not in known]
+        if unknown:
+            raise HarnessError(f"{original}: has no run of {what} {', '.join(unknown)} (it has "
+                               f"{', '.join(str(k) for k in sorted(known))})")
+    runs = []
+    for framework, seed in have:
+        if (frameworks and framework not in frameworks) or (seeds and seed not in seeds):
+            continue
+        run_dir = layout.path(original, layout.RUN, framework=framework, seed=seed)
+        manifest = read_manifest(run_dir / "manifest.json", ("framework", "seed", "config_hash", "inputs"))
+        runs.append({"framework": framework, "seed": seed, "dir": run_dir, "manifest": manifest,
+                     "metrics": layout.path(original, layout.METRICS, framework=framework, seed=seed)})
+    return runs
+
+
+def _check_inputs(runs: list[dict], inputs_dir: Path) -> None:
+    """The one refusal: an input whose sha256 here is not the one every original run recorded."""
+    now = resolve_inputs(inputs_dir)
+    for run in runs:
+        for name, recorded in run["manifest"]["inputs"].items():
+            if isinstance(recorded, dict) and recorded.get("sha256") != now.get(name, {}).get("sha256"):
+                raise HarnessError(
+                    f"{inputs_dir}: input {name} has sha256 {now.get(name, {}).get('sha256')}, the original's "
+                    f"{run['framework']} seed {run['seed']} recorded {recorded.get('sha256')}: not the same "
+                    "experiment (give the original's inputs with --inputs)")
+
+
+def _commit_change(recorded: object, now: str) -> str:
+    """`git diff --shortstat` between the original's harness commit and this one, where this clone has both."""
+    proc = subprocess.run(["git", "diff", "--shortstat", str(recorded), now, "--", "harness", "workflows"],
+                          cwd=REPO, capture_output=True, text=True)
+    summary = proc.stdout.strip()
+    return (f"harness code from {str(recorded)[:12]} to {now[:12]}: {summary or 'no change in harness/ and workflows/'}"
+            if proc.returncode == 0 else f"harness commit {str(recorded)[:12]} is not in this clone: no diff to show")
+
+
+def _world(runs: list[dict], config: dict) -> list[str]:
+    """What differs from the original's world, once per difference (context for the reader, not a refusal), and
+    what the harness's code change between the two commits was."""
+    seen: dict[str, None] = {}
+    for run in runs:
+        seen.update(dict.fromkeys(world_differences(run["manifest"], config)))
+    now = git_commit()["commit"]
+    for recorded in sorted({str(r["manifest"].get("git", {}).get("commit")) for r in runs} - {now}):
+        seen[_commit_change(recorded, now)] = None
+    return list(seen)
+
+
+def _build_environments(runs: list[dict]) -> None:
+    """The environments the original ran in, built here from this checkout's descriptions (once; later reruns
+    reuse them)."""
+    for name in sorted({str(r["manifest"]["environment"]["name"]) for r in runs
+                        if isinstance(r["manifest"].get("environment"), dict)}):
+        envs.ensure_env(name, spec=env_spec(name))
+
+
+def _evaluation(run_dir: Path) -> tuple[float, dict[str, str] | None]:
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        return math.nan, None
+    after = read_eval(path)["eval_accuracy_after"]
+    return (math.nan if after is None else float(after)), greedy_responses(read_json_object(path, "eval record"),
+                                                                            path)
+
+
+def _side_figures(side: str, runs: list[dict], target: float, warmup: int) -> tuple[list[tuple], list[tuple]]:
+    """Tidy figure rows and (side, framework, seed, tokens/s) rows of one side's runs (each {framework, seed, steps,
+    dir})."""
+    evaluations = {(r["framework"], r["seed"]): _evaluation(r["dir"]) for r in runs}
+    rows, tokens = [], []
+    for r in runs:
+        accuracy, responses = evaluations[(r["framework"], r["seed"])]
+        reference = evaluations.get((REFERENCE, r["seed"]), (math.nan, None))[1]
+        agreement = math.nan
+        if reference is not None and responses is not None and r["framework"] != REFERENCE:
+            found = step0_agreement(reference, responses)
+            agreement = found["agree"] / found["n"] if found["n"] else math.nan
+        for figure, value in run_figures(r["steps"], accuracy, target, agreement).items():
+            rows.append((side, r["framework"], r["seed"], figure, value))
+        measured = r["steps"][r["steps"]["step"] > warmup]
+        tokens.append((side, r["framework"], r["seed"], float(measured["throughput_tok_s"].median())))
+    return rows, tokens
+
+
+def _target(original: list[dict], fraction: float) -> float:
+    """The time-to-reward target of both sides: `fraction` of the original's best framework's median final reward
+    (the report's target)."""
+    finals = pd.DataFrame([(r["framework"], edge_means(r["steps"].sort_values("step")["reward_mean"])[1])
+                           for r in original], columns=["framework", "final"])
+    best = float(finals.groupby("framework")["final"].median().max())
+    return fraction * best if best > 0 else math.nan
+
+
+def _rerun(runs: list[dict], config: dict, inputs_dir: Path, out: Path, timeout_min: float | None) -> list[dict]:
+    """Each run trained again into out/runs; a run that fails is kept with its error (its figures are missing)."""
+    reruns = []
+    for r in runs:
+        run_dir = layout.path(out, layout.RUN, framework=r["framework"], seed=r["seed"])
+        started = time.monotonic()
+        try:
+            steps = train(config, r["framework"], r["seed"], run_dir, inputs_dir, timeout_min)
+        except HarnessError as e:
+            reruns.append({**r, "dir": run_dir, "steps": None, "error": str(e).splitlines()[0]})
+            continue
+        reruns.append({**r, "dir": run_dir, "steps": steps, "error": None, "seconds": time.monotonic() - started})
+        print(f"remax-bench reproduce: {r['framework']} seed {r['seed']} ran again "
+              f"({time.monotonic() - started:.0f} s)", flush=True)
+    return reruns
+
+
+def _verdict(original: list[dict], reruns: list[dict], config: dict) -> dict:
+    done = [r for r in reruns if r["steps"] is not None]
+    divergences = {(r["framework"], r["seed"]): first_divergence(o["steps"], r["steps"])
+                   for o, r in zip(original, reruns) if r["steps"] is not None}
+    if len(done) == len(original) and all(d is None for d in divergences.values()):
+        return {"verdict": "identical", "figures": []}
+    target = _target(original, config["report"]["time_to_reward_fraction"])
+    warmup = config["remax"]["warmup_steps"]
+    rows_o, tokens_o = _side_figures("original", original, target, warmup)
+    rows_r, tokens_r = _side_figures("rerun", done, target, warmup)
+    figures = pd.DataFrame(rows_o + rows_r, columns=["side", "framework", "seed", "figure", "value"])
+    tokens = pd.DataFrame(tokens_o + tokens_r, columns=["side", "framework", "seed", "tokens_per_s"])
+    table = verdicts(pd.concat([figures, throughput_shares(tokens)], ignore_index=True))
+    failed = [r for r in reruns if r["steps"] is None]
+    consistent = not failed and not (table["verdict"] == "not consistent").any()
+    return {"verdict": "consistent" if consistent else "not consistent", "target": target,
+            "figures": table.to_dict("records"),
+            "tokens_per_s": tokens.groupby(["side", "framework"])["tokens_per_s"].median().reset_index()
+            .to_dict("records"),
+            "divergences": [{"framework": f, "seed": s, **d} for (f, s), d in divergences.items() if d is not None]}
+
+
+def _no_nan(value: object) -> object:
+    """The record with every NaN (a figure a run does not have, the spread of an untested one) as null: JSON has no
+    NaN."""
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[str] | None = None,
+                         seeds: list[int] | None = None, inputs: str | Path | None = None,
+                         timeout_min: float | None = None) -> dict:
+    """Rerun the comparison in `source` (a results directory or a bundle) into the folder `out`; its record."""
+    source, out = Path(source), Path(out)
+    with atomic_path(out, OWNER) as tmp:
+        tmp.mkdir()
+        original_dir = open_bundle(source, tmp / "original") if source.is_file() else source
+        config = validate_config(read_json_object(original_dir / layout.CONFIG, "effective config"),
+                                 source=str(original_dir / layout.CONFIG))
+        original = _original_runs(original_dir, frameworks, seeds)
+        for run in original:
+            if run["manifest"]["config_hash"] != config_hash(config):
+                raise HarnessError(f"{run['dir']}/manifest.json: config_hash is not the hash of "
+                                   f"{original_dir / layout.CONFIG}: the run is not of this comparison")
+            run["steps"] = read_metrics(run["metrics"])
+        inputs_dir = Path(inputs) if inputs else original_dir / layout.INPUTS
+        _check_inputs(original, inputs_dir)
+        _build_environments(original)
+        world = _world(original, config)
+        reruns = _rerun(original, config, inputs_dir, tmp, timeout_min)
+        done = [r for r in reruns if r["steps"] is not None]
+        if done:
+            summary = summarize([r["dir"] / METRICS for r in done],
+                                [r["dir"] / "eval.json" for r in done if (r["dir"] / "eval.json").is_file()],
+                                config["remax"]["warmup_steps"])
+            summary.to_csv(tmp / layout.SUMMARY, index=False)
+        record = {"source": str(source), "original": str(original_dir if source.is_dir() else "original"),
+                  "world": world, **_verdict(original, reruns, config),
+                  "runs": [{"framework": r["framework"], "seed": r["seed"], "error": r["error"],
+                            "seconds": r.get("seconds")} for r in reruns]}
+        write_json(tmp / RECORD, _no_nan(record))
+    return record
