@@ -1,12 +1,14 @@
 """`remax-bench`: one subcommand per stage of the data flow (docs/design.md); Snakemake rules are thin calls of these.
 
-The subcommands live beside their stage's kind of work: `pipeline` (inputs, runs, ingest, summaries, the report),
-`machine` (environments, images, the reward server, the preflight), `regression` (history, baselines, the check,
-reproduce, A/B, bisect) and `publish` (a comparison as one file: bundle, unbundle). Each module lists its subcommands
-in COMMANDS, each one function that adds its parser.
+The subcommands live beside their stage's kind of work: `pipeline` (inputs, freezing the config, summaries,
+conformance, the report), `runs` (one run's stages, `train`, `reproduce`), `publish` (a comparison as one file: bundle,
+unbundle), `machine` (environments, images, the reward server, the preflight), `regression` (history, baselines, the
+nightly check) and `comparison` (A/B, bisect). Each module lists its subcommands in COMMANDS, each one function that
+adds its parser.
 
-One meaning per exit code, for every subcommand (docs/design.md, "Exit codes"): 0 done; 1 only "a regression was
-found" (`check`); 2 bad input or a problem of the machine (a bad config, log or baseline, an unwritable or full disk,
+One meaning per exit code, for every subcommand (docs/design.md, "Exit codes"): 0 done; 1 a finding against what
+was asked: a regression (`check`), B slower (`ab`), a comparison rerun that is not consistent (`reproduce`); 2 bad
+input or a problem of the machine (a bad config, log or baseline, an unwritable or full disk,
 a failing preflight row), with one line naming the file or key; 3 a bug in remax-bench, with its traceback. Nothing
 partial is left as if complete.
 """

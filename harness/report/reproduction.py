@@ -62,8 +62,8 @@ def method_text(record: dict) -> str:
             f"the {len(tested)} tested figures held together by Holm's procedure, so that a rerun of the same "
             f"experiment is called not consistent anywhere at most {FAMILY_FALSE_ALARM:.0%} of the time. Margin: the "
             f"difference called not consistent {POWER:.0%} of the time, in the figure's units and (in brackets) in "
-            f"seed spreads (the pooled standard deviation over seeds); {more} (the profile's seeds: and "
-            "`reproduce --seeds` for the rerun). A figure the seed does not move (no spread on either side) is "
+            f"seed spreads (the pooled standard deviation over seeds); {more} (more seeds in the original's profile, "
+            "and `reproduce --seeds` for the rerun). A figure the seed does not move (no spread on either side) is "
             "consistent only when equal. Time-to-reward step: the first step whose trailing mean reward reaches the "
             f"original's target ({fmt(record.get('target'), 3)}); a run that never does counts as its last step + 1.")
 
@@ -110,6 +110,15 @@ def token_rows(record: dict) -> list[dict]:
             for framework, row in wide.iterrows()]
 
 
+def probe_text(probe: dict) -> str:
+    """Both machines' speed on the fixed torch workload the reference backend times beside every step."""
+    if probe.get("original") is None and probe.get("rerun") is None:
+        return "No run timed the machine probe (the reference backend does), so the machines' speeds are not shown."
+    ms = {side: "n/a" if probe.get(side) is None else f"{probe[side] * 1e3:.3f} ms" for side in ("original", "rerun")}
+    return (f"Machine probe (a fixed small torch workload timed after every step, median): {ms['original']} on the "
+            f"original's machine, {ms['rerun']} here.")
+
+
 def findings(record: dict) -> list[str]:
     if record["verdict"] == "identical":
         return ["Every logged figure of every run is equal to the original's, step by step."]
@@ -126,6 +135,6 @@ def write_page(record: dict, out: Path) -> None:
         figures=figure_rows(record), method=method_text(record),
         identical_text="Identical: every logged figure of every run equal to the original's.",
         failed=[f"{r['framework']} seed {r['seed']}: {r['error']}" for r in record["runs"] if r["error"]],
-        world=record["world"], tokens=token_rows(record),
+        world=record["world"], tokens=token_rows(record), probe=probe_text(record.get("probe_s", {})),
         curves=base64.b64encode(png).decode() if png else "")
     write_text(out / PAGE, page)

@@ -182,6 +182,14 @@ def _verdict(original: list[dict], reruns: list[dict], config: dict) -> dict:
             "divergences": [{"framework": f, "seed": s, **d} for (f, s), d in divergences.items() if d is not None]}
 
 
+def _probe(steps: list[pd.DataFrame], config: dict) -> float:
+    """The median seconds of the fixed torch workload each step timed beside itself (time_probe_s, where a backend
+    measures it): how fast each machine was, shown beside the absolute tokens/s."""
+    timed = [s.loc[s["step"] > config["remax"]["warmup_steps"], "time_probe_s"] for s in steps if "time_probe_s" in s]
+    measured = pd.concat(timed) if timed else pd.Series(dtype=float)
+    return float(measured.median()) if measured.notna().any() else math.nan
+
+
 def _no_nan(value: object) -> object:
     """The record with every NaN (a figure a run does not have, the spread of an untested one) as null: JSON has no
     NaN."""
@@ -214,13 +222,15 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
         world = _world(original, config)
         reruns = _rerun(original, config, inputs_dir, tmp, timeout_min)
         done = [r for r in reruns if r["steps"] is not None]
+        probe = {"original": _probe([r["steps"] for r in original], config)}
         if done:
             summary = summarize([r["dir"] / METRICS for r in done],
                                 [r["dir"] / "eval.json" for r in done if (r["dir"] / "eval.json").is_file()],
                                 config["remax"]["warmup_steps"])
             summary.to_csv(tmp / layout.SUMMARY, index=False)
-        record = {"source": str(source), "original": str(original_dir if source.is_dir() else "original"),
-                  "world": world, **_verdict(original, reruns, config),
+            probe["rerun"] = _probe([r["steps"] for r in done], config)
+        record = {"source": str(source), "original": str(original_dir.resolve() if source.is_dir() else "original"),
+                  "world": world, "probe_s": probe, **_verdict(original, reruns, config),
                   "runs": [{"framework": r["framework"], "seed": r["seed"], "error": r["error"],
                             "seconds": r.get("seconds")} for r in reruns]}
         write_json(tmp / RECORD, _no_nan(record))
