@@ -43,8 +43,9 @@ REFERENCE = "reference"  # the embedded backend: step-0 agreement is each framew
 
 
 def _original_runs(original: Path, frameworks: list[str] | None, seeds: list[int] | None) -> list[dict]:
-    """Each (framework, seed) of the original's summary that is chosen, with its manifest; HarnessError naming a
-    chosen framework or seed it does not have."""
+    """Each run of the original's summary of a chosen framework (every seed: the spread the rerun is judged against),
+    with its manifest and whether its seed is chosen to run again; HarnessError naming a chosen framework or seed the
+    original does not have."""
     summary = read_summary(original / layout.SUMMARY)
     have = sorted({(str(r.framework), int(r.seed)) for r in summary.itertuples()})
     choices: list[tuple[str, list, set]] = [("framework", frameworks or [], {f for f, _ in have}),
@@ -56,11 +57,12 @@ def _original_runs(original: Path, frameworks: list[str] | None, seeds: list[int
                                f"{', '.join(str(k) for k in sorted(known))})")
     runs = []
     for framework, seed in have:
-        if (frameworks and framework not in frameworks) or (seeds and seed not in seeds):
+        if frameworks and framework not in frameworks:
             continue
         run_dir = layout.path(original, layout.RUN, framework=framework, seed=seed)
         manifest = read_manifest(run_dir / "manifest.json", ("framework", "seed", "config_hash", "inputs"))
         runs.append({"framework": framework, "seed": seed, "dir": run_dir, "manifest": manifest,
+                     "again": not seeds or seed in seeds,
                      "metrics": layout.path(original, layout.METRICS, framework=framework, seed=seed)})
     return runs
 
@@ -162,9 +164,10 @@ def _rerun(runs: list[dict], config: dict, inputs_dir: Path, out: Path, timeout_
 
 def _verdict(original: list[dict], reruns: list[dict], config: dict) -> dict:
     done = [r for r in reruns if r["steps"] is not None]
-    divergences = {(r["framework"], r["seed"]): first_divergence(o["steps"], r["steps"])
-                   for o, r in zip(original, reruns) if r["steps"] is not None}
-    if len(done) == len(original) and all(d is None for d in divergences.values()):
+    steps = {(o["framework"], o["seed"]): o["steps"] for o in original}
+    divergences = {(r["framework"], r["seed"]): first_divergence(steps[(r["framework"], r["seed"])], r["steps"])
+                   for r in done}
+    if len(done) == len(reruns) and all(d is None for d in divergences.values()):
         return {"verdict": "identical", "figures": []}
     target = _target(original, config["report"]["time_to_reward_fraction"])
     warmup = config["remax"]["warmup_steps"]
@@ -220,7 +223,7 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
         _check_inputs(original, inputs_dir)
         _build_environments(original)
         world = _world(original, config)
-        reruns = _rerun(original, config, inputs_dir, tmp, timeout_min)
+        reruns = _rerun([r for r in original if r["again"]], config, inputs_dir, tmp, timeout_min)
         done = [r for r in reruns if r["steps"] is not None]
         probe = {"original": _probe([r["steps"] for r in original], config)}
         if done:

@@ -1,0 +1,80 @@
+"""`remax-bench reproduce` of a whole comparison, from its bundle, on "another machine" (harness.runs.
+reproduce_comparison): on one host, what rounds the way another CPU does is torch's kernel path
+(ATEN_CPU_CAPABILITY=default: its scalar kernels instead of the AVX2/AVX-512 ones this CPU picks), and the rerun
+must call every figure consistent; a planted real change (the reference backend's learning rate cut tenfold, a commit
+in a clone) must be called not consistent. The original is the default profile's learning run of the reference
+backend (3 seeds x 400 steps): the figures are judged where there is learning to judge."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import BIN, REPO, run_cli, snakemake
+
+from harness.runs.reproduce_comparison import RECORD
+
+sys.path.insert(0, str(REPO / "scripts"))
+import browser_check
+
+LR_LINE = ('optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])',
+           'optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"] * 0.1)')
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    root = tmp_path_factory.mktemp("anywhere")
+    (root / "only-reference.yaml").write_text(yaml.safe_dump({"frameworks": ["reference"]}))
+    proc = snakemake(root, "--cores", "2", "--configfile", REPO / "workflows" / "config" / "cpu.yaml",
+                     root / "only-reference.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root / "results"
+
+
+def test_a_bundle_rerun_on_another_kernel_path_is_consistent_figure_by_figure(original, tmp_path):
+    bundle = tmp_path / "comparison.tar.gz"
+    proc = run_cli("bundle", original, "--out", bundle)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "elsewhere"
+    # two of the three seeds: the scalar kernels take twice as long, and the verdict needs two a side at least
+    proc = subprocess.run([str(BIN / "remax-bench"), "reproduce", str(bundle), "--out", str(out), "--seeds", "1", "3"],
+                          text=True, capture_output=True, env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((out / RECORD).read_text())
+    assert record["verdict"] == "consistent", record["figures"]
+    assert record["divergences"], "the other kernel path computed the same bits: not another machine"
+    judged = {f["figure"]: f for f in record["figures"]}
+    assert {"reward_gain", "final_reward", "eval_accuracy", "time_to_reward_step"} <= set(judged)
+    assert all(f["verdict"] == "consistent" and (f["n_original"], f["n_rerun"]) == (3, 2) for f in judged.values())
+    assert judged["reward_gain"]["original"] > 0.3  # a learning run, so the figures judge learning
+    page = (out / "index.html").read_text()
+    assert "Reproduction: <span" in page and "reward gain" in page and "seed spreads" in page
+    if browser_check.chromium_path() is not None:  # .ci/run installs it; test_report.py's browser tests say so
+        sections = ["1. Verdict per figure", "2. What differs between the two worlds", "3. Throughput on each machine",
+                    "4. Reward curves, original and rerun"]
+        assert browser_check.check_page(out / "index.html", tmp_path / "shot.png", sections) == []
+
+
+def test_a_planted_learning_rate_change_is_not_consistent_and_its_commit_is_named(original, tmp_path):
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
+    backend = clone / "harness" / "frameworks" / "reference" / "backend.py"
+    text = backend.read_text()
+    assert text.count(LR_LINE[0]) == 1
+    backend.write_text(text.replace(*LR_LINE))
+    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
+    subprocess.run(["git", "-C", str(clone), *who, "commit", "-qam", "a tenth of the learning rate"], check=True)
+    out = tmp_path / "planted"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "reproduce", str(original), "--out", str(out),
+                           "--seeds", "1", "2"], cwd=clone, text=True, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(clone)})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"\n{original}: not consistent (" in proc.stdout  # after a progress line per run
+    record = json.loads((out / RECORD).read_text())
+    verdicts = {f["figure"]: f["verdict"] for f in record["figures"]}
+    assert "not consistent" in (verdicts["reward_gain"], verdicts["final_reward"]), record["figures"]
+    assert any("1 file changed" in w for w in record["world"]), record["world"]
