@@ -136,3 +136,29 @@ def tiny(tmp_path_factory):
                    "--out", root / "results" / "summary.csv")
     assert proc.returncode == 0, proc.stderr
     return {"root": root, "config": config, "inputs": inputs, "run": run, "metrics": metrics}
+
+
+# Under pytest-xdist (pyproject's addopts: two workers) a file is one unit of work, so a module's fixtures (a real
+# framework run several tests read) are made once. The files that run a real framework share one unit: they build
+# the framework environments, start Ray clusters and bind fixed ports (OpenRLHF's reward server, torch.distributed's
+# master port), and two of them at once would fight over ports and the 2 cores' memory. That unit, the longest, is
+# handed out first, so the other worker takes the rest of the suite beside it.
+FRAMEWORK_RUNS = {"test_verl_cpu.py", "test_openrlhf_cpu.py", "test_openrlhf.py", "test_dschat.py", "test_trl.py",
+                  "test_verl.py"}
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: Path(item.fspath).name not in FRAMEWORK_RUNS)  # stable: file order kept
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # Not xdist's own loadgroup: with pytest 9 it no longer sees a group in a test's id (xdist 3.8 writes the id
+    # where pytest 9 does not read it), so every test would be a unit of its own.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneUnitPerFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            file = nodeid.split("::", 1)[0]
+            return "framework runs" if Path(file).name in FRAMEWORK_RUNS else file
+
+    return OneUnitPerFile(config, log)
