@@ -93,6 +93,20 @@ def test_a_seed_with_one_pair_has_no_interval_and_the_record_is_still_written(tm
     assert json.loads((tmp_path / "ab.json").read_text())["per_seed"][1]["high"] is None
 
 
+def test_the_page_shows_no_interval_too_wide_to_bound_a_change(tmp_path):
+    """Issue 53: a seed's row with one or two pairs printed "-100.0% to +1478349399804444409856.0%" and "n/a to n/a"
+    (t with 1 degree of freedom at the looks' alpha). The row says it cannot bound the change, and the figure draws no
+    such bar; a row with pairs enough keeps its interval."""
+    from harness.report.ab import _interval
+
+    pairs = [{"seed": s, "A_throughput_tok_s": 100.0, "B_throughput_tok_s": b}
+             for s, b in ((1, 95.0), (1, 60.0), (2, 95.0), (3, 95.0), (3, 95.2), (3, 94.9), (3, 95.1))]
+    rows = {r["seed"]: r for r in _seed_rows(pairs, 0.001)}
+    assert _interval(rows[1]) == "too wide to bound with 2 pair(s)" and rows[1]["high"] / rows[1]["low"] > 1000
+    assert _interval(rows[2]) == "too wide to bound with 1 pair(s)"
+    assert _interval(rows[3]).startswith("-5.") and " to -4." in _interval(rows[3]), _interval(rows[3])
+
+
 def test_too_few_pairs_for_the_noise_is_inconclusive_with_the_pairs_needed():
     verdict = sequence(np.random.default_rng(3), 1.0, 0.2, max_pairs=4)
     assert verdict["verdict"] == "inconclusive" and verdict["more_pairs"] > 0

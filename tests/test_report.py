@@ -476,7 +476,8 @@ def test_the_report_folder_is_written_whole_and_replaces_only_a_report(tmp_path,
     for _ in range(2):  # a rerun replaces its own report
         code, err = _report_cli(results, out, capsys)
         assert code == 0, err
-    assert json.loads((out / OWNER).read_text()) == {"kind": "report"}
+    mark = json.loads((out / OWNER).read_text())
+    assert mark == {"kind": "report", "files": sorted(p.name for p in out.iterdir() if p.name != OWNER)}
     assert {p.name for p in out.iterdir()} == {OWNER, "index.html", "throughput.md", "throughput.csv", "runs.csv",
                                                "throughput.png", "step_time.png", "reward_curve.png"}
 
@@ -544,3 +545,25 @@ def test_a_manifest_or_plan_field_of_the_wrong_type_is_named_and_the_report_stil
             where.write_text(json.dumps(good))
         else:
             where.unlink()
+
+
+def test_the_step0_table_says_a_framework_run_that_never_ran_did_not_run(tmp_path):
+    """Issue 53: the default report listed the framework runs of its profile that never ran (no GPU) as "its
+    evaluation keeps no greedy responses"; that is said of a finished run only."""
+    from harness.report.repeats import step0_view
+    from harness.report.runs import Run
+    from harness.results import layout
+
+    results = tmp_path / "results"
+    reference = layout.path(results, layout.RUN, framework="reference", seed=1)
+    reference.mkdir(parents=True)
+    write_json(reference / "eval.json", {"run_id": "r", "before": {"greedy_accuracy": 0.1, "responses": [
+        {"prompt": "12", "response": "21"}]}, "after": {"greedy_accuracy": 0.2}})
+    finished = layout.path(results, layout.RUN, framework="trl", seed=1)
+    finished.mkdir(parents=True)
+    write_json(finished / "eval.json", {"run_id": "t", "before": {"greedy_accuracy": 0.1},
+                                        "after": {"greedy_accuracy": 0.2}})
+    runs = [Run("reference", 1, status="ok"), Run("verl", 1), Run("openrlhf", 1, status="failed"),
+            Run("trl", 1, status="ok")]
+    rows = {r["framework"]: r["text"] for r in step0_view(results, runs, [])}
+    assert rows == {"verl": "not run", "openrlhf": "the run failed", "trl": "its evaluation keeps no greedy responses"}

@@ -43,6 +43,19 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
 
 
+# An interval wider than this factor (high / low) bounds nothing an A/B is for (a change of a few percent): with one or
+# two pairs its t quantile at the looks' alpha runs to the thousands ("-100.0% to +1478349399804444409856.0%").
+WIDEST_SHOWN = 4.0
+
+
+def _interval(row: dict) -> str:
+    low, high = row["low"], row["high"]
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low <= 0 \
+            or high / low > WIDEST_SHOWN:
+        return f"too wide to bound with {row['pairs']} pair(s)"
+    return f"{_pct(low)} to {_pct(high)}"
+
+
 def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1000 * seconds:.3f}"
 
@@ -71,11 +84,9 @@ def page(record: dict) -> str:
              f"{100 * record['resolution']:g}%.", "",
              "## B against A, per phase (median after warm-up of each run; ratio B/A with its interval)", "",
              "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]
-    lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
-              for r in record["phases"]]
+    lines += [f"| {r['figure']} | {_pct(r['ratio'])} | {_interval(r)} | {r['pairs']} |" for r in record["phases"]]
     lines += ["", f"## {decided} per seed", "", "| seed | B/A | interval | pairs |", "|---:|---:|---|---:|"]
-    lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_pct(r['low'])} to {_pct(r['high'])} | {r['pairs']} |"
-              for r in record["per_seed"]]
+    lines += [f"| {r['seed']} | {_pct(r['ratio'])} | {_interval(r)} | {r['pairs']} |" for r in record["per_seed"]]
     lines += ["", "## Behaviour (B's first run of each seed against A's, step by step)", ""]
     lines += [f"- seed {r['seed']}: {r['text']}" + ("" if r["identical"] else " (a change in behaviour, not only "
                                                                                 "in speed)")
@@ -93,8 +104,11 @@ def _figure(record: dict, out: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     phases = pd.DataFrame(record["phases"])
     y = range(len(phases))
+    # an interval the table calls too wide to bound is drawn as none: its bar would set the axis to thousands of %
+    readable = [not _interval(r).startswith("too wide") for r in record["phases"]]
+    low, high = phases["low"].where(readable, phases["ratio"]), phases["high"].where(readable, phases["ratio"])
     left.errorbar(100 * (phases["ratio"] - 1), y, fmt="o",
-                  xerr=[100 * (phases["ratio"] - phases["low"]), 100 * (phases["high"] - phases["ratio"])])
+                  xerr=[100 * (phases["ratio"] - low), 100 * (high - phases["ratio"])])
     left.axvline(0, color="grey", lw=1)
     left.set_yticks(list(y), phases["figure"])
     left.set_xlabel("B against A, % (interval)")

@@ -71,6 +71,7 @@ def step0_view(results: Path, runs: list[Run], problems: list[str]) -> list[dict
             return None
 
     kept = {(r.framework, r.seed): responses(r) for r in runs}
+    status = {(r.framework, r.seed): r.status for r in runs}
     references = {seed: got for (fw, seed), got in kept.items() if got is not None and get_adapter(fw).run}
     if not references:
         return []
@@ -78,9 +79,10 @@ def step0_view(results: Path, runs: list[Run], problems: list[str]) -> list[dict
     for (fw, seed), got in kept.items():
         if get_adapter(fw).run:
             continue
-        if got is None:
+        if got is None:  # a run that did not finish has no evaluation to say anything of (issue 53)
             rows.append({"framework": fw, "seed": seed, "agree": "", "cls": "notrun",
-                         "text": "its evaluation keeps no greedy responses" if (fw, seed) in kept else ""})
+                         "text": "its evaluation keeps no greedy responses" if status[(fw, seed)] == "ok"
+                         else {"failed": "the run failed"}.get(status[(fw, seed)], "not run")})
             continue
         a = step0_agreement(references.get(seed) or next(iter(references.values())), got)
         first = a["first"]
