@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from conftest import BIN, REPO, run_cli, snakemake
 
+from harness.io import record_hash
 from harness.runs.reproduce_comparison import RECORD
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -78,3 +80,26 @@ def test_a_planted_learning_rate_change_is_not_consistent_and_its_commit_is_name
     verdicts = {f["figure"]: f["verdict"] for f in record["figures"]}
     assert "not consistent" in (verdicts["reward_gain"], verdicts["final_reward"]), record["figures"]
     assert any("1 file changed" in w for w in record["world"]), record["world"]
+
+
+def test_another_input_is_the_one_refusal_and_nothing_is_written(tiny, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(tiny["root"] / "results", results)
+    dataset = results / "inputs" / "dataset.jsonl"
+    dataset.write_text(dataset.read_text().replace("1", "2", 1))
+    record_hash(dataset)  # a consistent input, just not the one the runs recorded
+    out = tmp_path / "rerun"
+    proc = run_cli("reproduce", results, "--out", out)
+    assert proc.returncode == 2 and "input dataset has sha256" in proc.stderr and "not the same experiment" in \
+        proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_a_framework_or_seed_the_comparison_lacks_is_refused_naming_it(tiny, tmp_path):
+    proc = run_cli("reproduce", tiny["root"] / "results", "--out", tmp_path / "a", "--frameworks", "verl")
+    assert proc.returncode == 2 and "has no run of framework verl (it has reference)" in proc.stderr, proc.stderr
+    proc = run_cli("reproduce", tiny["root"] / "results", "--out", tmp_path / "b", "--seeds", "7")
+    assert proc.returncode == 2 and "has no run of seed 7 (it has 1)" in proc.stderr, proc.stderr
+    proc = run_cli("reproduce", tiny["run"], "--out", tmp_path / "c", "--seeds", "1")
+    assert proc.returncode == 2 and "one run; --frameworks and --seeds choose among a comparison's" in proc.stderr
+    assert not any((tmp_path / name).exists() for name in "abc")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from harness import HarnessError
 from harness.config import validate_config
-from harness.frameworks import env_spec
+from harness.frameworks import env_spec, get_adapter
 from harness.inputs import resolve_inputs
 from harness.io import atomic_path, config_hash, read_json_object, write_json
 from harness.results import layout
@@ -98,6 +98,18 @@ def _world(runs: list[dict], config: dict) -> list[str]:
     for recorded in sorted({str(r["manifest"].get("git", {}).get("commit")) for r in runs} - {now}):
         seen[_commit_change(recorded, now)] = None
     return list(seen)
+
+
+def _check_sources(runs: list[dict], config: dict) -> None:
+    """A framework whose code is a source checkout (DeepSpeed-Chat's ReMax) needs it where the config says, as the
+    pipeline's NAME_checkout rule makes it: refused up front, naming how, rather than after the other reruns."""
+    for framework in sorted({r["framework"] for r in runs if r["again"]}):
+        checkout = get_adapter(framework).checkout
+        if checkout is not None and not Path(config[framework]["checkout"]).is_dir():
+            raise HarnessError(
+                f"{framework}: its source checkout {config[framework]['checkout']} is missing here: check out "
+                f"{config[framework]['repository']} at {checkout.commit} there (the pipeline's {framework}_checkout "
+                "rule does), then reproduce again")
 
 
 def _build_environments(runs: list[dict]) -> None:
@@ -221,7 +233,8 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
             run["steps"] = read_metrics(run["metrics"])
         inputs_dir = Path(inputs) if inputs else original_dir / layout.INPUTS
         _check_inputs(original, inputs_dir)
-        _build_environments(original)
+        _check_sources(original, config)
+        _build_environments([r for r in original if r["again"]])
         world = _world(original, config)
         reruns = _rerun([r for r in original if r["again"]], config, inputs_dir, tmp, timeout_min)
         done = [r for r in reruns if r["steps"] is not None]
