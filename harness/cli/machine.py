@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from harness import HarnessError
 from harness.cli.args import at_least, config, port, seconds
 
 
@@ -15,6 +16,11 @@ def cmd_env(args: argparse.Namespace) -> None:
     from harness.io import check_replaceable, write_text
     from harness.runtime.envs import ensure_env
 
+    if args.name == "lock":
+        cmd_env_lock(args)
+        return
+    if args.target:
+        raise HarnessError(f"env {args.name} {args.target}: one environment at a time (or `env lock NAME`)")
     if args.out:
         check_replaceable(args.out)  # before the build, which takes minutes
     python = ensure_env(args.name, spec=env_spec(args.name))  # an installed framework's envs/ too
@@ -23,10 +29,28 @@ def cmd_env(args: argparse.Namespace) -> None:
         write_text(args.out, f"{python}\n")
 
 
+def cmd_env_lock(args: argparse.Namespace) -> None:
+    """`env lock NAME`: resolve NAME's description again (uv, for Linux x86_64 and Python 3.11) into its lock and
+    print what changed; HarnessError (exit 2, one line) where uv is missing or cannot resolve it."""
+    from harness.frameworks import env_spec
+    from harness.runtime import locks
+
+    if not args.target:
+        raise HarnessError("env lock: name the environment to lock (remax-bench env lock NAME)")
+    path, changed = locks.relock(env_spec(args.target))
+    print(f"{path}: {len(locks.parse_lock(path.read_text()))} packages; "
+          + (f"{len(changed)} changed:" if changed else "nothing changed"))
+    for line in changed:
+        print(f"  {line}")
+
+
 def _env(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("env", help="build (once) the pinned environment NAME (harness/frameworks/*/envs/NAME.txt, or "
-                                      "an installed framework's envs/NAME.txt); print its python")
-    sp.add_argument("name")
+                                      "an installed framework's envs/NAME.txt; from its full lock NAME.lock where "
+                                      "it has one, hashes required); print its python. `env lock NAME`: make "
+                                      "NAME.lock again from NAME.txt (uv) and print what changed")
+    sp.add_argument("name", help="the environment, or `lock`")
+    sp.add_argument("target", nargs="?", help="after `lock`: the environment whose lock to make")
     sp.add_argument("--out", help="also write the environment's python path to this file")
     sp.set_defaults(func=cmd_env)
 

@@ -139,9 +139,23 @@ def environment_packages(env: str | None, config: dict) -> list[str] | None:
     return proc.stdout.splitlines() if proc.returncode == 0 else None
 
 
+def _lock_record(env: str | None) -> dict | None:
+    """The full lock the environment was installed from (its path and sha256), where it has one."""
+    from harness.frameworks import env_spec
+    from harness.runtime import locks
+    from harness.runtime.envs import REPO
+
+    try:
+        return locks.lock_record(env_spec(env), REPO) if env is not None else None
+    except HarnessError:  # a plan of an environment this checkout does not describe
+        return None
+
+
 def environment_record(env: str | None, config: dict) -> dict:
-    """Which environment the run used: the runtime, and for an image its reference and the .sif's sha256."""
-    record = {"name": env, "runtime": config["container"]["runtime"], "packages": environment_packages(env, config)}
+    """Which environment the run used: the runtime, its full lock (path, sha256) where it has one, and for an image
+    its reference and the .sif's sha256."""
+    record = {"name": env, "runtime": config["container"]["runtime"], "packages": environment_packages(env, config),
+              "lock": _lock_record(env)}
     if env is not None and record["runtime"] == "apptainer":
         image = container.image_record(env)
         record["image"] = {k: v for k, v in image.items() if k != "definition"} if image else None

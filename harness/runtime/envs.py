@@ -11,6 +11,9 @@ builds its CUDA kernels that way), `#!local PATH` a project of this repository (
 dependencies. `#!digest PATH` names a file of this repository that the environment's contents depend on without
 installing it (a patch applied to an installed package). An environment is built once and reused; it is rebuilt
 when its description, a local project in it or a digest file changes (the stamp holds the sha256 of each).
+A GPU description has a full lock beside it (envs/NAME.lock, harness.runtime.locks): the environment is then
+installed from the lock, every file's sha256 required, before the post-install lines, and the lock's sha256 is part
+of the environment's digest.
 With `container.runtime: apptainer` an image of the framework's published image, with the same description installed,
 takes the venv's place (harness/runtime/container.py, whose env_command gives a launch command its prefix either
 way).
@@ -20,13 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from harness import HarnessError
 from harness.io import locked, sha256_file, write_text
+from harness.runtime import locks
 
 REPO = Path(__file__).resolve().parents[2]
 FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, found by path: runtime imports no adapter
@@ -146,16 +152,29 @@ def digest_files(spec: Path, repo: Path = REPO) -> list[Path]:
 
 def env_digest(spec: Path, repo: Path = REPO) -> str:
     """What an environment is built from: its description, the source of each local project it installs and the
-    files it names with `#!digest` (paths relative to `repo`, the checkout the description belongs to)."""
+    files it names with `#!digest` (paths relative to `repo`, the checkout the description belongs to), and its
+    lock where it has one."""
+    lock = locks.lock_of(spec)
     parts = [sha256_file(spec), *(project_digest(p) for p in local_projects(spec, repo)),
-             *(sha256_file(p) for p in digest_files(spec, repo))]
+             *(sha256_file(p) for p in digest_files(spec, repo)), *([f"lock {sha256_file(lock)}"] if lock else [])]
     return parts[0] if len(parts) == 1 else hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
 
-def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None, repo: Path = REPO) -> list[list[str]]:
+def pip_steps(spec: Path, pip: list[str], spec_as: str | None = None, repo: Path = REPO,
+              locked_in: Path | None = None) -> list[list[str]]:
     """The pip commands that install a description: its requirements, then each post-install line. `spec_as` is
-    the description's path where the commands run (inside an image under construction)."""
-    return [[*pip, "-r", spec_as or str(spec)], *([*pip, flag, req] for flag, req in post_install(spec, repo))]
+    the description's path where the commands run (inside an image under construction). `locked_in`: a folder
+    where the description's lock is split for pip (locks.install_files): the environment is then installed from
+    the lock, hashes required and nothing resolved, and a `#!no-build-isolation` package in the lock comes from it."""
+    lock = locks.lock_of(spec)
+    if lock is None or locked_in is None:
+        return [[*pip, "-r", spec_as or str(spec)], *([*pip, flag, req] for flag, req in post_install(spec, repo))]
+    from_lock = locks.built_here(spec) & locks.parse_lock(lock.read_text()).keys()
+    steps = [[*pip, "--require-hashes", "--no-deps", *flags, "-r", str(f)]
+             for flags, f in locks.install_files(spec, lock, locked_in)]
+    rest = [(flag, req) for flag, req in post_install(spec, repo)
+            if not (flag == "--no-build-isolation" and locks.normalize(re.split(r"[=<>!~\[ ]", req)[0]) in from_lock)]
+    return [*steps, *([*pip, flag, req] for flag, req in rest)]
 
 
 def env_python(name: str, root: Path = ENV_ROOT) -> Path:
@@ -187,11 +206,19 @@ def _build(name: str, root: Path, python: str, spec: Path, repo: Path, digest: s
     shutil.rmtree(venv, ignore_errors=True)
     env = {**os.environ, **install_env_vars(spec)}
     pip = [str(env_python(name, root)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    steps = [[python, "-m", "venv", str(venv)], *pip_steps(spec, pip, repo=repo)]
-    for cmd in steps:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            raise HarnessError(f"{spec}: building environment {name!r} failed ({' '.join(cmd[:4])} ...):\n"
-                               + (proc.stdout + proc.stderr)[-3000:])
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root) as split:
+        steps = [[python, "-m", "venv", str(venv)], *pip_steps(spec, pip, repo=repo, locked_in=Path(split))]
+        for cmd in steps:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                output = proc.stdout + proc.stderr
+                refused = locks.hash_mismatch(output) if "--require-hashes" in cmd else None
+                if refused:
+                    raise HarnessError(f"{locks.lock_path(spec)}: {refused}: the file pip got does not match the "
+                                       f"lock's sha256; environment {name!r} left unfinished (no stamp, never used). "
+                                       f"If PyPI replaced the file, run `remax-bench env lock {name}` and review "
+                                       f"the change:\n" + output[-3000:])
+                raise HarnessError(f"{spec}: building environment {name!r} failed ({' '.join(cmd[:4])} ...):\n"
+                                   + output[-3000:])
     write_text(stamp, digest + "\n")
     return env_python(name, root)

@@ -25,6 +25,7 @@ from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
 from harness.runtime.launch_script import REWARD_URL, RUN_DIR, fill, launch_script, shell_word
 
+from harness.runtime.locks import package_deviations
 NAME = "dschat"
 ENV = "dschat"  # envs/dschat.txt: the GPU run environment
 CPU_ENV = "dschat-cpu"  # envs/dschat-cpu.txt: real DeepSpeed on the CPU, for CPU runs and checks
@@ -409,7 +410,8 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "checkout": {"path": str(checkout), "repository": config[NAME]["repository"], "commit": REMAX_COMMIT},
             "batches_per_epoch": settings["batches"],
             "hyperparameters": _hyperparameters(config, seed, settings),
-            "deviations": _deviations(config) + (CPU_DEVIATIONS if on_cpu(config) else [])
+            "deviations": _deviations(config) + (CPU_DEVIATIONS + package_deviations(NAME, TEMPLATES.with_name("envs"))
+                                                 if on_cpu(config) else [])  # CPU packages against the GPU lock's
                           + ([CPU_BF16] if on_cpu(config) and not config[NAME]["bf16"] else []) + strict_deviations,
             "determinism": determinism_record,
             "reward": reward,

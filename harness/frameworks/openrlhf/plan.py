@@ -215,7 +215,8 @@ def cpu_launch(config: dict, policy_dir: str | Path, argv: list[str]) -> tuple[l
     env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
     deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],
                    "cause": "CPU run: " + s["cause"]} for s in CPU_SETTINGS]
-    return argv, env_vars, deviations
+    from harness.runtime.locks import package_deviations  # CPU packages against the GPU lock's (#52)
+    return argv, env_vars, [*deviations, *package_deviations("openrlhf", Path(__file__).with_name("envs"))]
 
 
 # reproducibility.determinism strict, read in OpenRLHF 0.11.2's and vLLM 0.29.0's sources.

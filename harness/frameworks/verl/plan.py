@@ -263,7 +263,8 @@ def cpu_launch(config: dict, policy_dir: str | Path) -> tuple[list[str], dict, l
     env_vars = {k: v for s in CPU_SETTINGS for k, v in s.get("env", {}).items()}
     deviations = [{"key": s["key"], "shared": f"GPU plan: {s['gpu']}", "effective": s["effective"],
                    "cause": "CPU run: " + s["cause"]} for s in CPU_SETTINGS]
-    return overrides, env_vars, deviations
+    from harness.runtime.locks import package_deviations  # CPU packages against the GPU lock's (#52)
+    return overrides, env_vars, [*deviations, *package_deviations("verl", Path(__file__).with_name("envs"))]
 
 
 # reproducibility.determinism strict (harness.frameworks.determinism), read in verl 0.9.1's and vLLM 0.29.0's sources.
