@@ -19,24 +19,61 @@ import yaml
 from harness import HarnessError
 
 OWNER = ".remax-bench.json"  # in every directory the harness makes: what it is (hidden: sha256_tree leaves it out)
+# OWNER's key listing the files (relative paths, names only: a run folder can hold GB checkpoints) the directory held
+# when the harness made it; the rest of OWNER says what the directory is.
+MADE_FILES = "files"
 # In every folder the harness writes a file into: {file name: sha256 of the file as written}. A file may be replaced
 # only while it is exactly what the harness wrote there (hidden, like OWNER).
 WRITTEN = ".remax-bench-files.json"
+# Files in a harness-made folder that nobody's work is in: Snakemake's marker in a directory() output, and the
+# harness's own records.
+MARKERS = frozenset({".snakemake_timestamp", OWNER, WRITTEN})
 
 
-def _owner_of(path: Path) -> object:
+def _small_json(path: Path) -> object:
+    """A record of the harness's own (OWNER, WRITTEN), or None where it is missing, unreadable or too large."""
     try:
-        return json.loads((path / OWNER).read_text())
-    except (OSError, ValueError):
+        return _parse(_read_capped(path, "record", "", MAX_DOCUMENT_BYTES), yaml_syntax=False)
+    except (OSError, ValueError, HarnessError):
         return None
 
 
+def _owner_of(path: Path) -> dict | None:
+    mark = _small_json(path / OWNER)
+    return mark if isinstance(mark, dict) else None
+
+
 def _written(folder: Path) -> dict:
-    try:
-        data = json.loads((folder / WRITTEN).read_text())
-    except (OSError, ValueError):
-        return {}
+    data = _small_json(folder / WRITTEN)
     return data if isinstance(data, dict) else {}
+
+
+def _files_in(folder: Path) -> list[str]:
+    """The files (and links, never followed) under `folder`, as sorted relative POSIX paths, markers left out."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        here = Path(root)
+        links = [d for d in dirs if (here / d).is_symlink()]
+        for name in (*files, *links):
+            if name not in MARKERS and not name.startswith(f"{WRITTEN}."):
+                found.append((here / name).relative_to(folder).as_posix())
+    return sorted(found)
+
+
+def _foreign_file(folder: Path, mark: dict) -> str | None:
+    """A file in a harness-made folder that the harness did not put there: neither listed in its OWNER when it was
+    made nor written into it since (WRITTEN) and unchanged. None for an OWNER without the list, written before the
+    harness recorded one: such a folder is replaced as before, its files unchecked."""
+    made = mark.get(MADE_FILES)
+    if not isinstance(made, list):
+        return None
+    made = set(made)
+    return next((name for name in _files_in(folder)
+                 if name not in made and not _written_here(folder / name)), None)
+
+
+def _written_here(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink() and _harness_wrote(path)
 
 
 def _harness_wrote(path: Path) -> bool:
@@ -81,9 +118,17 @@ def check_replaceable(dest: str | os.PathLike, owner: dict | None = None) -> Non
     if dest.is_dir():
         if owner is None:
             raise HarnessError(f"{dest}: an existing folder; refusing to replace it with a file (nothing was deleted)")
-        if not any(dest.iterdir()) or _owner_of(dest) == owner:
+        if not any(dest.iterdir()):
             return
         what = " ".join(f"{k} {v}" for k, v in owner.items())
+        mark = _owner_of(dest)
+        if mark is not None and {k: v for k, v in mark.items() if k != MADE_FILES} == owner:
+            foreign = _foreign_file(dest, mark)
+            if foreign is None:
+                return
+            raise HarnessError(f"{dest}: the {what} made by remax-bench, but it holds {foreign}, which remax-bench "
+                               "did not write there; refusing to replace the folder (nothing was deleted): move that "
+                               "file out, or give another --out")
         raise HarnessError(f"{dest}: an existing folder that is not the {what} made by remax-bench; refusing to "
                            "replace it (nothing was deleted): give another --out, or remove it yourself")
     if owner is not None:
@@ -110,7 +155,7 @@ def atomic_path(dest: str | os.PathLike, owner: dict | None = None) -> Iterator[
         if tmp.is_dir() and not tmp.is_symlink():
             if owner is None:
                 raise ValueError(f"{dest}: a directory written without an owner")
-            (tmp / OWNER).write_text(json.dumps(owner, sort_keys=True) + "\n")
+            (tmp / OWNER).write_text(json.dumps({**owner, MADE_FILES: _files_in(tmp)}, sort_keys=True) + "\n")
         digest = sha256_file(tmp) if tmp.is_file() and not tmp.is_symlink() else None
         check_replaceable(dest, owner)
         if dest.is_dir() and not dest.is_symlink():

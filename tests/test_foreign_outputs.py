@@ -55,3 +55,38 @@ def test_a_rerun_replaces_the_file_it_wrote_and_not_one_edited_since(tiny, tmp_p
     assert rc == 2 and "or that was changed since" in err and dest.read_text().endswith("# my note\n")
     written = json.loads((tmp_path / ".remax-bench-files.json").read_text())
     assert set(written) == {"s.csv"}  # what it recorded: the one file it wrote here
+
+
+def test_a_report_rendered_again_keeps_a_file_the_user_added_to_it(tiny, tmp_path):
+    """Replacing the harness's own report folder deleted a notes.txt added inside it, exit 0."""
+    out = tmp_path / "report"
+    argv = ["report", tiny["root"] / "results", "--out", out]
+    assert remax_bench(*argv)[0] == 0
+    assert remax_bench(*argv)[0] == 0  # its own report, as it made it: replaced
+    (out / "notes.txt").write_text(MINE)
+    rc, err = remax_bench(*argv)
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "holds notes.txt, which remax-bench did not write there" in lines[0], err
+    assert (out / "notes.txt").read_text() == MINE and (out / "index.html").is_file()
+
+
+@pytest.mark.parametrize("stage, mine, kept_out", [("dataset", "dataset.jsonl.sha256", "dataset.jsonl"),
+                                                    ("policy", "policy.build.json", "policy"),
+                                                    ("policy", "policy.sha256", "policy")])
+def test_an_input_stage_checks_all_its_outputs_before_it_writes_any(tiny, tmp_path, stage, mine, kept_out):
+    """`inputs dataset` wrote dataset.jsonl and then refused the user's sidecar beside it; `inputs policy` trained and
+    wrote the policy, then refused policy.build.json."""
+    import shutil
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name in ("dataset.jsonl", "dataset.jsonl.sha256"):  # what the policy stage reads
+        if stage == "policy":
+            shutil.copy(tiny["inputs"] / name, inputs / name)
+    (inputs / mine).write_text(MINE)
+    rc, err = remax_bench("inputs", stage, "--config", tiny["config"], "--inputs", inputs)
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert f"{inputs / mine}: an existing file that remax-bench did not write" in lines[0], err
+    assert (inputs / mine).read_text() == MINE and not (inputs / kept_out).exists()

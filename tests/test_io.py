@@ -188,3 +188,26 @@ def test_a_log_line_past_the_bound_is_refused_naming_the_line(tmp_path, monkeypa
     with pytest.raises(HarnessError, match=r"console\.log:2: not UTF-8 text"):
         list(io.text_lines(log))
     assert [line for _, line in io.text_lines(log, errors="replace")][1] == "\ufffd\ufffd\n"
+
+
+def test_a_folder_the_harness_made_is_not_replaced_while_it_holds_a_file_it_did_not_write_there(tmp_path):
+    """Its OWNER lists the files it was made with; a file added since (the user's notes) stops a rerun, naming it,
+    but a file the harness wrote into it since, Snakemake's marker, and an old OWNER without the list do not."""
+    import json
+
+    dest = tmp_path / "run"
+    with atomic_path(dest, owner=RUN) as tmp:
+        (tmp / "logs").mkdir(parents=True)
+        (tmp / "logs" / "console.log").write_text("step 1\n")
+        (tmp / "link").symlink_to(tmp_path / "elsewhere")
+    assert json.loads((dest / OWNER).read_text()) == {**RUN, "files": ["link", "logs/console.log"]}
+    write_text(dest / "metrics.parquet", "steps")  # the pipeline writes into a run after it is made
+    (dest / ".snakemake_timestamp").write_text("")
+    check_replaceable(dest, RUN)
+    (dest / "logs" / "notes.txt").write_text("my notes")
+    with pytest.raises(HarnessError, match=rf"{dest}: the kind run .* holds logs/notes\.txt, which remax-bench did "
+                                           r"not write there; .*nothing was deleted"), atomic_path(dest, RUN) as tmp:
+        tmp.mkdir()
+    assert (dest / "logs" / "notes.txt").read_text() == "my notes" and (dest / "metrics.parquet").is_file()
+    (dest / OWNER).write_text(json.dumps(RUN))  # an OWNER written before the list: replaced as before
+    check_replaceable(dest, RUN)

@@ -6,11 +6,21 @@ from pathlib import Path
 
 from harness import HarnessError
 from harness.inputs import task
-from harness.io import atomic_path, read_json_object, record_hash, sha256_tree, verify_hash, write_json
+from harness.io import (
+    atomic_path,
+    check_replaceable,
+    read_json_object,
+    record_hash,
+    sha256_tree,
+    sidecar,
+    verify_hash,
+    write_json,
+)
 from harness.reward.shared import rule_identity
 
 DATASET = "dataset.jsonl"
 POLICY = "policy"
+BUILD_RECORD = "policy.build.json"  # how the policy was built (none for a linked checkpoint)
 # The shared reward: REWARD/reward.json says which, and for a reward model REWARD/model is the checkpoint
 # (trained here, or a link to `reward.path`).
 REWARD = "reward"
@@ -19,8 +29,18 @@ REWARD_MODEL = "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any of them: a checkpoint has a tokenizer
 
 
+def check_outputs(*outputs: tuple[Path, dict | None]) -> None:
+    """HarnessError unless every (input, owner) a stage writes, and the input's sha256 sidecar, may be replaced
+    (harness.io.check_replaceable): all checked before the stage writes any, so that a refused one leaves none of
+    the others renewed."""
+    for path, owner in outputs:
+        check_replaceable(path, owner)
+        check_replaceable(sidecar(path))
+
+
 def build_dataset(config: dict, inputs_dir: str | Path) -> str:
     path = Path(inputs_dir) / DATASET
+    check_outputs((path, None))
     task.write_dataset(config["task"], path)
     return record_hash(path)
 
@@ -29,16 +49,19 @@ def build_policy(config: dict, inputs_dir: str | Path) -> str:
     """Build the initial policy, or link the checkpoint at `policy.path`; either way record its sha256.
     Prompts longer than remax.max_prompt_length with the policy's tokenizer stop it here, before any run (a linked
     checkpoint without a tokenizer has nothing to measure them by: the preflight reports it)."""
-    from harness.inputs.policy import check_prompt_lengths, make_policy  # torch and Transformers for this stage only
+    from harness.inputs.policy import OWNER, check_prompt_lengths, make_policy  # torch and Transformers: this stage's
 
     inputs_dir = Path(inputs_dir)
     checkpoint = Path(config["policy"]["path"]) if config["policy"]["path"] else None
+    check_outputs((inputs_dir / POLICY, None if checkpoint else OWNER))
+    if checkpoint is None:
+        check_replaceable(inputs_dir / BUILD_RECORD)
     has_tokenizer = checkpoint is None or any((checkpoint / name).is_file() for name in TOKENIZER_FILES)
     if has_tokenizer:
         verify_hash(inputs_dir / DATASET)
         dataset = task.read_dataset(inputs_dir / DATASET)
     if checkpoint is None:
-        write_json(inputs_dir / "policy.build.json", make_policy(dataset, config, inputs_dir / POLICY))
+        write_json(inputs_dir / BUILD_RECORD, make_policy(dataset, config, inputs_dir / POLICY))
         return record_hash(inputs_dir / POLICY)
     if has_tokenizer:
         from transformers import AutoTokenizer
@@ -60,8 +83,9 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
     """The shared reward input: a record of the rule, or a reward-model checkpoint (linked from `reward.path`,
     checked against `reward.sha256` when given, or trained here from the task); its sha256 recorded."""
     rc, inputs_dir = config["reward"], Path(inputs_dir)
-    dest = inputs_dir / REWARD
-    with atomic_path(dest, owner={"kind": "input", "name": REWARD}) as tmp:
+    dest, owner = inputs_dir / REWARD, {"kind": "input", "name": REWARD}
+    check_outputs((dest, owner))
+    with atomic_path(dest, owner=owner) as tmp:
         tmp.mkdir()
         record: dict = {"kind": rc["kind"]}
         if rc["kind"] == "model":

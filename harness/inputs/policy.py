@@ -20,6 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from harness import HarnessError
 from harness.io import atomic_path
 
+OWNER = {"kind": "input", "name": "policy"}  # what the built policy's folder is (harness.io.OWNER)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -151,7 +153,7 @@ def make_policy(dataset: dict[str, list[dict]], config: dict, dest: str | Path) 
     max_positions = longest_prompt + config["remax"]["max_response_length"] + 1
     model = build_policy(tokenizer, config["policy"], max_positions)
     losses = supervised_warm_start(model, tokenizer, train, config["policy"]["sft"])
-    with atomic_path(dest, owner={"kind": "input", "name": "policy"}) as tmp:
+    with atomic_path(dest, owner=OWNER) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return {
