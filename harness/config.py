@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from harness import HarnessError
 from harness.frameworks import config_blocks, image_defaults, known_frameworks
@@ -51,7 +50,9 @@ _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 def schema() -> dict:
     """The whole config schema: the shared keys, and each framework's block under its name."""
-    merged = yaml.safe_load(SCHEMA_PATH.read_text())
+    merged = read_document(SCHEMA_PATH, "config schema")
+    if not isinstance(merged, dict):
+        raise HarnessError(f"{SCHEMA_PATH}: the config schema must be a mapping")
     for name, block in config_blocks().items():
         if name in merged["properties"]:
             raise HarnessError(f"framework {name!r}: its config block would replace the shared key {name!r} of "

@@ -95,3 +95,14 @@ def test_the_rule_checks_out_into_an_empty_folder_and_marks_it_as_its_own(workdi
     (checkout / "build.log").write_text("")
     proc = snakemake(workdir, "-n", "-f", checkout, "--configfile", cfg)
     assert proc.returncode == 0 and "rule dschat_checkout:" in proc.stdout, proc.stdout[-3000:] + proc.stderr
+
+
+def test_a_brace_in_the_checkout_is_refused_naming_the_key(workdir, tmp_path):
+    """A {word} in the rule's directory() output was a Snakemake RuleException about wildcards, naming no key."""
+    checkout = tmp_path / "src" / "{x}"
+    proc = snakemake(workdir, "-n", "--configfile", config(workdir, checkout))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"config: at dschat.checkout: {str(checkout)!r} holds a brace" in out, out[-3000:]
+    assert "RuleException" not in out and "wildcard" not in out.replace("as a wildcard", ""), out[-3000:]
+    assert not (tmp_path / "src").exists()

@@ -34,6 +34,15 @@ def test_default_profile_is_valid_and_defaults_are_filled():
         ({"openrlhf": {"reward_host": "localhost\n"}}, "at openrlhf.reward_host: 'localhost\\n' does not match"),
         ({"dschat": {"reward_url": "http://127.0.0.1:5000/\n"}}, "at dschat.reward_url:"),
         ({"container": {"apptainer": "apptainer\n"}}, "at container.apptainer: 'apptainer\\n' does not match"),
+        # every seed within numpy's 0..2**32 - 1, every timeout within 7 days (1e308 minutes never times out)
+        ({"policy": {"sft": {"seed": 2**63 - 1}}},
+         "at policy.sft.seed: 9223372036854775807 is greater than the maximum of 4294967295"),
+        ({"seeds": [1, 2**32]}, "at seeds.1: 4294967296 is greater than the maximum of 4294967295"),
+        ({"task": {"seed": 2**32}}, "at task.seed: 4294967296 is greater than the maximum of 4294967295"),
+        ({"reward": {"train": {"seed": 2**32}}}, "at reward.train.seed: 4294967296 is greater than the maximum"),
+        ({"reproducibility": {"repeat_seeds": [2**32]}}, "at reproducibility.repeat_seeds.0: 4294967296 is greater"),
+        ({"launch": {"timeout_min": 10081}}, "at launch.timeout_min: 10081 is greater than the maximum of 10080"),
+        ({"openrlhf": {"reward_health_timeout_s": 1e308}}, "at openrlhf.reward_health_timeout_s: 1e+308 is greater"),
     ],
 )
 def test_bad_config_names_the_key(config, message):

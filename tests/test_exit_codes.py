@@ -181,7 +181,8 @@ def test_a_rerun_replaces_its_own_run_and_only_that(tiny, tmp_path):
         proc = run_cli("run", "reference", "--config", tiny["config"], "--seed", 1, "--out", run,
                        "--inputs", tiny["inputs"])
         assert proc.returncode == 0, proc.stderr
-    assert json.loads((run / OWNER).read_text()) == {"kind": "run", "framework": "reference", "seed": 1}
+    mark = json.loads((run / OWNER).read_text())
+    assert mark == {"kind": "run", "framework": "reference", "seed": 1, "files": mark["files"]} and mark["files"]
     proc = run_cli("run", "reference", "--config", tiny["config"], "--seed", 2, "--out", run,
                    "--inputs", tiny["inputs"])
     one_line_error(proc, run, "not the kind run framework reference seed 2")
@@ -266,6 +267,55 @@ def test_summarize_refuses_an_infinite_figure_naming_the_run_and_the_column(tmp_
     assert main([str(a) for a in [*args, "--partial"]]) == 0  # left out and named, as an unreadable run is
     assert f"summarize: left out: {bad}: run reference-cpu-s2: cpu_contention is inf" in capsys.readouterr().err
     assert list(pd.read_csv(tmp_path / "s.csv")["run_id"]) == ["reference-cpu-s1"]
+
+
+def test_summarize_refuses_a_step_time_of_0_without_a_warning_first(tmp_path, capsys):
+    """A step time of 0 in metrics another tool wrote: numpy's divide-by-zero RuntimeWarning printed a line before
+    the refusal (an error here, so the test sees it)."""
+    import warnings
+
+    import pandas as pd
+
+    results = make_results(tmp_path / "results", seeds=(1,))
+    bad = results / "metrics" / "reference" / "seed1.parquet"
+    pd.read_parquet(bad).assign(time_step_s=0.0, time_machine_busy_s=1.0, time_step_cpu_s=0.5).to_parquet(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        refused(capsys, "summarize", "--config", results / "config.json", "--metrics", bad, "--out",
+                tmp_path / "s.csv", names=(bad, "run reference-cpu-s1", "is inf"))
+
+
+def test_summarize_leaves_mfu_empty_naming_a_manifest_or_policy_config_of_the_wrong_shape(tmp_path, capsys):
+    """A manifest's hardware a string (AttributeError) or gpus a number (TypeError), a policy config 20,000 deep
+    (RecursionError) or naming its width in words: exit 3. As for an unreadable policy or manifest, the run's MFU
+    stays empty and its peak_source says which file holds what (test_efficiency), the summary stands."""
+    import pandas as pd
+
+    from harness.cli import main
+
+    results = make_results(tmp_path / "results", seeds=(1,))
+    run, policy = results / "runs" / "reference" / "seed1", tmp_path / "policy"
+    policy.mkdir()
+    shape = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+             "vocab_size": 100}
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest.pop("peak_flops", None)
+    for hardware, conf, said in (("gpu", shape, f"{run / 'manifest.json'}: hardware.gpus should be a list"),
+                                 ({"gpus": 5}, shape, f"{run / 'manifest.json'}: hardware.gpus should be a list"),
+                                 ({"gpus": ["NVIDIA A100-SXM4-80GB"]}, DEEP, "nested too deep to read"),
+                                 ({"gpus": ["NVIDIA A100-SXM4-80GB"]}, {**shape, "hidden_size": "x"},
+                                  "hidden_size should be a whole number above 0, not 'x'")):
+        (run / "manifest.json").write_text(json.dumps({**manifest, "hardware": hardware}))
+        (policy / "config.json").write_text(conf if isinstance(conf, str) else json.dumps(conf))
+        capsys.readouterr()
+        code = main([str(a) for a in ("summarize", "--config", results / "config.json", "--metrics",
+                                      results / "metrics" / "reference" / "seed1.parquet", "--runs", run,
+                                      "--policy", policy, "--out", tmp_path / "s.csv")])
+        err = capsys.readouterr().err
+        assert code == 0 and "Traceback" not in err, (code, err[-3000:])
+        source = pd.read_csv(tmp_path / "s.csv")["peak_source"].iloc[0]
+        assert said in source and (hardware == "gpu" or isinstance(hardware["gpus"], int)
+                                   or f"no MFU: {policy / 'config.json'}: cannot read the model's shape" in source)
 
 
 def test_summarize_refuses_two_eval_records_of_one_run_naming_both(tmp_path, capsys):
@@ -471,3 +521,85 @@ def test_fields_of_the_wrong_type_are_exit_2_naming_the_file_and_the_field(world
     config.write_text(json.dumps({"profile": ["cpu"]}))
     refused(capsys, *run["baseline update"], names=(config, "profile"))
     assert not (world / "new.json").exists()
+
+
+# ---- what the CLI and a checkpoint's config.json give, refused naming it before any work (issue 54, round 2) --------
+
+def test_ab_refuses_an_override_nested_deep_huge_or_not_finite_before_any_work(tmp_path, capsys):
+    """--b-set 20,000 deep was a RecursionError, a 5,000-digit integer a ValueError, exit 3; NaN in --a-set was
+    refused only after arm A's freeze-config had run."""
+    config = REPO / "workflows" / "config" / "micro.yaml"
+    for flag, text, said in (("--b-set", DEEP, "nested too deep"),
+                             ("--a-set", '{"remax": {"steps": ' + "9" * 5000 + "}}", "4300 digits"),
+                             ("--a-set", '{"remax": {"lr": NaN}}', "NaN is not a number")):
+        refused(capsys, "ab", "--a", "HEAD", "--b", "HEAD", "--config", config, flag, text, "--out", tmp_path / "ab",
+                names=(f"{flag}: not valid JSON", said))
+    assert not (tmp_path / "ab").exists()
+
+
+def test_a_seed_past_2_32_or_a_time_past_7_days_is_refused_by_the_cli(tiny, tmp_path):
+    """A seed numpy cannot take was a ValueError in seed_everything (exit 3); --timeout-min 1e308 never timed out."""
+    run = ["run", "reference", "--config", tiny["config"], "--out", tmp_path / "run", "--inputs", tiny["inputs"]]
+    ab = ["ab", "--a", "HEAD", "--b", "HEAD", "--config", tiny["config"], "--out", tmp_path / "ab"]
+    for args, said in (([*run, "--seed", 2**32], "argument --seed: at most 4294967295, not 4294967296"),
+                       ([*ab, "--seeds", f"1,{2**63 - 1}"], "argument --seeds: seeds: comma-separated integers"),
+                       (["launch", tiny["run"], "--config", tiny["config"], "--out", tmp_path / "run",
+                         "--timeout-min", "1e308"], "argument --timeout-min: at most 10080 minutes (7 days)"),
+                       ([*ab, "--max-minutes", "20000"], "argument --max-minutes: at most 10080 minutes")):
+        one_line_error(run_cli(*args), said)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ab").exists()
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoint(tmp_path_factory):
+    """The a100x8 profile's inputs, its policy a linked checkpoint directory (config.json only: nothing here loads
+    the model), for the preflight and the plans to read."""
+    import yaml
+    from conftest import a100x8_offline
+
+    from harness.config import load_config
+    from harness.inputs import build_dataset, build_policy, build_reward
+
+    root = tmp_path_factory.mktemp("gpu-checkpoint")
+    (root / "ckpt").mkdir()
+    (root / "ckpt" / "config.json").write_text("{}")
+    raw = a100x8_offline(0, 20)
+    raw["policy"]["path"] = str(root / "ckpt")
+    raw["task"]["n_train"] = raw["remax"]["steps"] * raw["remax"]["train_batch_size"] + 40
+    (root / "config.yaml").write_text(yaml.safe_dump(raw))
+    config = load_config(root / "config.yaml")
+    for build in (build_dataset, build_policy, build_reward):
+        build(config, root / "inputs")
+    return root
+
+
+@pytest.mark.parametrize("text, said", [(DEEP, "nested too deep to read"), ("[1]", "a JSON object, not list"),
+                                        ('{"hidden_size": "x", "num_attention_heads": 2}', "hidden_size"),
+                                        ('{"max_position_embeddings": "big"}', "max_position_embeddings")],
+                         ids=["deep", "a list", "hidden_size text", "max_position_embeddings text"])
+def test_a_checkpoint_config_of_the_wrong_shape_is_exit_2_naming_it_in_the_preflight_and_the_plans(
+        gpu_checkpoint, tmp_path, capsys, text, said):
+    """A RecursionError, AttributeError or TypeError (exit 3) in preflight's checkpoint row, dschat's copy of the
+    config and OpenRLHF's max_len; each reads it through harness.checkpoint now."""
+    from harness.cli import main
+    from harness.io import record_hash
+
+    root = gpu_checkpoint
+    conf = root / "ckpt" / "config.json"
+    conf.write_text(text)
+    record_hash(root / "inputs" / "policy")  # the input as built from this checkpoint
+    capsys.readouterr()
+    assert main(["preflight", "--config", str(root / "config.yaml"), "--results", str(tmp_path / "results")]) == 2
+    out, err = capsys.readouterr()
+    row = next(line for line in out.splitlines() if line.startswith("| policy checkpoint |"))
+    assert "Traceback" not in err and (("| fail |" in row and str(conf) in row and said in row)
+                                       or said == "max_position_embeddings"), (row, err[-2000:])
+    plans = {"dschat": said not in ("hidden_size", "max_position_embeddings"),  # dschat copies the config whole
+             "openrlhf": said != "hidden_size"}
+    for framework, reads_it in plans.items():
+        if reads_it:
+            line = refused(capsys, "plan", framework, "--config", root / "config.yaml", "--seed", 1, "--inputs",
+                           root / "inputs", "--out", tmp_path / framework, names=(said,))
+            # the checkpoint's file, or the input's link to it
+            assert f"{conf}: " in line or f"{root / 'inputs' / 'policy' / 'config.json'}: " in line, line
+            assert not (tmp_path / framework).exists()

@@ -4,8 +4,9 @@ codes"). The inputs are the real ones, made by the CLI (a finished reference run
 baseline) or the framework logs of tests/fixtures; each example damages one file of a fresh copy.
 
 The damage (`damage`): bytes that are not UTF-8, nesting 1,000-30,000 deep (past Python's recursion limit, which
-json and PyYAML hit), NaN and Infinity where a number was, a 5,000-digit integer, a value of the wrong type at a key
-the file has, a YAML alias bomb, a line one byte past the bound, any short run of bytes, and a valid file cut short.
+json and PyYAML hit), NaN and Infinity where a number was, a 5,000-digit integer (anywhere, or as the step number of
+a framework's step line), a value of the wrong type at a key the file has, a YAML alias bomb, a line one byte past
+the bound, any short run of bytes, and a valid file cut short.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def _set(value: object, path: tuple, new: object) -> object:
     return copy
 
 
+# The step number of a framework's console step line: verl's "step:N - ...", OpenRLHF's "✨ Global step N: {...}".
+STEP_NUMBER = re.compile(r"(?:\bstep:|Global step )(\d+)")
 OTHER_TYPE = st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.lists(st.integers(), max_size=3),
                        st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
                        st.integers(min_value=-(1 << 70), max_value=1 << 70))
@@ -76,8 +79,8 @@ def damage(draw: st.DrawFn, valid: bytes) -> tuple[str, bytes]:
     """(what was done, the damaged bytes) of a valid file; JSON documents and JSON lines get damage at their keys."""
     try:
         text = valid.decode()
-        kinds = ["not utf-8", "deep", "non-finite", "huge int", "wrong type", "alias bomb", "long line", "bytes",
-                 "cut short"]
+        kinds = ["not utf-8", "deep", "non-finite", "huge int", "huge step", "wrong type", "alias bomb", "long line",
+                 "bytes", "cut short"]
     except UnicodeDecodeError:  # a binary file (parquet): its own damage
         text, kinds = "", ["bytes", "cut short"]
     lines = text.splitlines(keepends=True)
@@ -99,6 +102,11 @@ def damage(draw: st.DrawFn, valid: bytes) -> tuple[str, bytes]:
             if kind == "non-finite" else "9" * draw(st.integers(min_value=4_301, max_value=6_000))
         line = line[:m.start()] + new + line[m.end():]
         return kind, "".join([*lines[:cut], line, *lines[cut + 1:]]).encode()
+    steps = [(i, m) for i, text_line in enumerate(lines) for m in STEP_NUMBER.finditer(text_line)]
+    if kind == "huge step" and steps:  # Python refuses int() of more than 4,300 digits
+        i, m = draw(st.sampled_from(steps))
+        huge = "9" * draw(st.integers(min_value=4_301, max_value=6_000))
+        return kind, "".join([*lines[:i], lines[i][:m.start(1)] + huge + lines[i][m.end(1):], *lines[i + 1:]]).encode()
     if kind == "wrong type":
         try:
             doc = json.loads(text)
@@ -128,8 +136,9 @@ def damage(draw: st.DrawFn, valid: bytes) -> tuple[str, bytes]:
 DOCUMENT = {"not utf-8", "deep", "alias bomb", "long line"}  # no reader of a whole JSON or YAML file accepts these
 STRICT_LINES = {"not utf-8", "deep", "long line"}  # JSON lines the harness writes itself
 # A framework's console, read with undecodable bytes replaced (a killed process may cut a character in two), where a
-# line that is not a step line is skipped: only a line past the bound must be refused.
-CONSOLE = {"long line"}
+# line that is not a step line is skipped: only a line past the bound, or a step line's number past 2**53, must be
+# refused.
+CONSOLE = {"long line", "huge step"}
 
 
 class Case:
@@ -193,6 +202,9 @@ CASES = {
     "verl file logger (ingest)": Case(lambda t: FIXTURES / "verl" / "run", "verl_metrics.jsonl",
                                       lambda d, t: ["ingest", "verl", d, "--out", d.parent / "new.parquet"],
                                       {"deep", "long line"}),
+    "verl console (ingest)": Case(lambda t: FIXTURES / "verl" / "run", "console.log",
+                                  lambda d, t: ["ingest", "verl", d / "console.log", "--out", d.parent / "new.parquet"],
+                                  CONSOLE),
     "OpenRLHF plan (ingest)": Case(lambda t: FIXTURES / "openrlhf" / "run", "plan.json",
                                    lambda d, t: ["ingest", "openrlhf", d, "--out", d.parent / "new.parquet"],
                                    DOCUMENT),
@@ -247,13 +259,14 @@ def test_the_damage_reaches_every_kind():
     seen: set[str] = set()
     doc = json.dumps({"a": 1.5, "b": [1, 2], "c": {"d": "x"}}).encode()
     lines = b'{"step": 1, "x": 0.5}\n{"step": 2, "x": 0.25}\n'
+    console = "step:1 - a:0.5\n✨ Global step 2: {'a': 0.5}\n".encode()
 
     @settings(max_examples=300, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(st.sampled_from([doc, lines]).flatmap(damage))
+    @given(st.sampled_from([doc, lines, console]).flatmap(damage))
     def collect(damaged: tuple[str, bytes]) -> None:
         seen.add(damaged[0])
 
     collect()
-    assert seen >= {"not utf-8", "deep", "non-finite", "huge int", "wrong type", "alias bomb", "long line", "bytes",
-                    "cut short"}, seen
+    assert seen >= {"not utf-8", "deep", "non-finite", "huge int", "huge step", "wrong type", "alias bomb",
+                    "long line", "bytes", "cut short"}, seen

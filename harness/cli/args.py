@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable
 
 from harness import HarnessError
+from harness.io import MAX_DOCUMENT_BYTES, parse_document
 from harness.results import layout
 
 DEFAULT_INPUTS = f"{layout.RESULTS}/{layout.INPUTS}"
@@ -28,39 +28,54 @@ def config(args: argparse.Namespace) -> dict:
 
 
 def json_object(text: str | None, flag: str) -> dict:
+    """The JSON object a flag gives, through the one bounded loader (size, depth, NaN and Infinity, 64-bit
+    integers), so that a bad value is refused naming the flag before any work."""
     if text is None:
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise HarnessError(f"{flag}: not JSON ({e.msg} at character {e.pos}): {text!r}") from None
+    if len(text) > MAX_DOCUMENT_BYTES:
+        raise HarnessError(f"{flag}: longer than {MAX_DOCUMENT_BYTES} characters; not a config override")
+    value = parse_document(text, flag, yaml_syntax=False)
     if not isinstance(value, dict):
         raise HarnessError(f"{flag}: a JSON object of config keys, e.g. '{{\"remax\": {{\"steps\": 40}}}}'")
     return value
 
 
+MAX_SEED = 2**32 - 1  # numpy's seed takes no more (harness.inputs.policy.seed_everything); the schema's bound too
+# A timeout or time budget of at most 7 days: no run here takes longer, a longer one is a typo, and a huge one (1e308
+# minutes is infinite seconds) never times out. The schema's launch.timeout_min has the same bound.
+MAX_MINUTES = 7 * 24 * 60
+
+
 def seed_list(text: str) -> list[int]:
     try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds: comma-separated integers, not {text!r}") from None
-    if any(s < 0 for s in seeds):
-        raise argparse.ArgumentTypeError(f"each at least 0, not {text!r}")
-    return seeds
+        return [seed(s) for s in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"seeds: comma-separated integers from 0 to {MAX_SEED}, not "
+                                         f"{text[:100]!r}") from None
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least `minimum` (a seed, a GPU count, a number of runs)."""
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum` (and at most `maximum`: a GPU count, a number of runs)."""
     def parse(text: str) -> int:
+        # Python refuses int() of more than 4,300 digits; no count here needs 20
+        if len(text.strip()) > 20:
+            raise argparse.ArgumentTypeError(f"an integer of at most 20 digits, not {text[:40]!r}...")
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"an integer, not {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"at least {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"at most {maximum}, not {value}")
         return value
 
     return parse
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed, 0 to 2**32 - 1."""
+    return at_least(0, MAX_SEED)(text)
 
 
 def port(text: str) -> int:
@@ -88,11 +103,19 @@ def positive(text: str) -> float:
     return value
 
 
+def minutes(text: str) -> float:
+    """An argparse type: a timeout or time budget in minutes, above 0 and at most MAX_MINUTES (7 days)."""
+    value = positive(text)
+    if value > MAX_MINUTES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_MINUTES} minutes (7 days), not {text!r}")
+    return value
+
+
 def seconds(text: str) -> float:
-    """An argparse type: a finite wait of 0 or more seconds (0: look once, do not wait)."""
+    """An argparse type: a finite wait of 0 or more seconds (0: look once, do not wait), at most 7 days."""
     value = _finite(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a finite number of seconds, 0 or more, not {text!r}")
+    if not 0 <= value <= MAX_MINUTES * 60:
+        raise argparse.ArgumentTypeError(f"a number of seconds from 0 to {MAX_MINUTES * 60} (7 days), not {text!r}")
     return value
 
 

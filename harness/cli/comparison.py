@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import at_least, fraction, json_object, positive, seed_list
+from harness.cli.args import at_least, fraction, json_object, minutes, seed_list
 
 
 def _ab_limits(args: argparse.Namespace) -> dict:
@@ -23,7 +23,7 @@ def _ab_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--max-pairs", type=at_least(2), default=30, help="hard cap on pairs (default: %(default)s)")
     sp.add_argument("--min-pairs", type=at_least(2), default=3,
                     help="pairs before the first look (default: %(default)s)")
-    sp.add_argument("--max-minutes", type=positive, default=15.0, help="hard cap on time (default: %(default)s)")
+    sp.add_argument("--max-minutes", type=minutes, default=15.0, help="hard cap on time (default: %(default)s)")
     sp.add_argument("--resolution", type=fraction, default=0.03,
                     help="'no difference' needs the interval within this fraction (default: %(default)s)")
     sp.add_argument("--alpha", type=fraction, default=0.01,

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import at_least, config, positive, with_config, with_inputs
+from harness.cli.args import at_least, config, minutes, seed, with_config, with_inputs
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -38,11 +38,11 @@ def _run_plan_train(sub: argparse._SubParsersAction) -> None:
         sp = sub.add_parser(name, help=help_)
         sp.add_argument("framework")
         with_config(sp)
-        sp.add_argument("--seed", type=at_least(0), required=True)
+        sp.add_argument("--seed", type=seed, required=True)
         sp.add_argument("--out", required=True)
         with_inputs(sp)
         if name == "train":
-            sp.add_argument("--timeout-min", type=positive,
+            sp.add_argument("--timeout-min", type=minutes,
                             help="a planned framework's timeout (default: the config's)")
         sp.set_defaults(func=func)
 
@@ -57,7 +57,7 @@ def _launch(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
     sp.add_argument("plan_dir")
     sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
-    sp.add_argument("--timeout-min", type=positive, required=True)
+    sp.add_argument("--timeout-min", type=minutes, required=True)
     with_config(sp)
     sp.set_defaults(func=cmd_launch)
 
@@ -114,8 +114,8 @@ def _reproduce(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--out", required=True, help="the rerun's folder (never the original)")
     sp.add_argument("--inputs", help="the inputs directory (default: the run's, the results' or the bundle's)")
     sp.add_argument("--frameworks", nargs="+", help="a comparison's frameworks to rerun (default: all)")
-    sp.add_argument("--seeds", nargs="+", type=at_least(0), help="a comparison's seeds to rerun (default: all)")
-    sp.add_argument("--timeout-min", type=positive, help="a planned framework's timeout (default: the config's)")
+    sp.add_argument("--seeds", nargs="+", type=seed, help="a comparison's seeds to rerun (default: all)")
+    sp.add_argument("--timeout-min", type=minutes, help="a planned framework's timeout (default: the config's)")
     sp.set_defaults(func=cmd_reproduce)
 
 

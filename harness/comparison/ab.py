@@ -233,7 +233,7 @@ def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
         arm.config = tmp / f"config-{arm.label}.json"
         _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
              log=logs / f"{arm.label}.log")
-    frozen = {arm.label: json.loads(arm.config.read_text()) for arm in arms}  # type: ignore[union-attr]
+    frozen = {arm.label: read_json_object(arm.config, "frozen config") for arm in arms}  # type: ignore[arg-type]
     differ = [d for s in ("frameworks", *INPUT_SECTIONS) for d in _differences(frozen["A"].get(s),
                                                                                frozen["B"].get(s), s)]
     if differ:
@@ -271,7 +271,8 @@ def probe_comparable(arms: tuple[Arm, Arm], env: str | None) -> bool:
     """Whether the probe times the same work in both arms' runs: embedded in this harness's environment (one torch),
     with the same settings for the reference backend (its threads and device) and the same probe code. Where the
     probe's work differs, dividing by it would cancel a change of B's along with the machine's drift."""
-    sections = [json.loads(arm.config.read_text()).get("reference") for arm in arms]  # type: ignore[union-attr]
+    sections = [read_json_object(arm.config, "frozen config").get("reference")  # type: ignore[arg-type]
+                for arm in arms]
     codes = [probe_code(arm.tree) for arm in arms]  # type: ignore[arg-type]
     return env is None and sections[0] == sections[1] and codes[0] is not None and codes[0] == codes[1]
 

@@ -3,7 +3,6 @@ against GOOD (harness.comparison.ab; docs/regression.md, "Is B slower than A?").
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import shutil
@@ -90,7 +89,7 @@ def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: li
             if not slower or not bad_record.is_file():
                 raise HarnessError(f"bisect: BAD ({bad_commit[:12]}) is not shown slower than GOOD "
                                    f"({good_commit[:12]}), nothing to bisect:\n{head[-2000:]}")
-            split = 1 - math.sqrt(1 - json.loads(bad_record.read_text())["verdict"]["change"])
+            split = 1 - math.sqrt(1 - read_json_object(bad_record, "ab record")["verdict"]["change"])
             say(f"remax-bench bisect: BAD is slower; each commit is placed against a slowdown of {100 * split:.1f}%")
             git(tree, "bisect", "start", bad_commit, good_commit)
             proc = subprocess.run(["git", "-C", str(tree), "bisect", "run", "sh", "-c", step([f"--split={split}"])],
@@ -105,7 +104,7 @@ def bisect(repo: Path, good: str, bad: str, config: Path, out: Path, ab_args: li
                                f"{(proc.stdout + proc.stderr)[-2000:]}")
         rounds = []
         for d in sorted((tmp / "rounds").iterdir(), key=lambda p: p.stat().st_mtime):
-            rec = json.loads((d / RECORD).read_text())
+            rec = read_json_object(d / RECORD, "ab record")
             rounds.append({"commit": d.name, "verdict": rec["verdict"]["text"], "pairs": len(rec["pairs"])})
         record = {"good": good_commit, "bad": bad_commit, "first_slow": found[0], "split": split,
                   "confirmed_by": str(confirmed_by) if confirmed_by else None,

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
+from harness.checkpoint import HEAD_FIELDS, checkpoint_config
+from harness.checkpoint import head_dim as checkpoint_head_dim
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.inputs import TOKENIZER_FILES
 from harness.runtime.envs import ENV_ROOT, REPO, env_python, spec_path
@@ -146,11 +148,10 @@ def checkpoint_rows(config: dict, policy: Path | None, reward: Path | None) -> l
     for what, key, path in (("policy", "policy.path", policy), ("reward model", "reward.path", reward)):
         if path is None:
             continue
-        conf_path = path / "config.json"
         try:
-            conf = json.loads(conf_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            rows.append(_row(f"{what} checkpoint", False, f"{conf_path}: {e}",
+            conf = checkpoint_config(path, f"{what} config", optional=HEAD_FIELDS)
+        except (OSError, HarnessError) as e:
+            rows.append(_row(f"{what} checkpoint", False, str(e),
                              f"set {key} to a Hugging Face checkpoint directory (config.json, weights, tokenizer)"))
             continue
         tokenizer = next((f for f in TOKENIZER_FILES if (path / f).is_file()), None)
@@ -161,9 +162,7 @@ def checkpoint_rows(config: dict, policy: Path | None, reward: Path | None) -> l
         problems = ([] if tokenizer else [f"no tokenizer file ({', '.join(TOKENIZER_FILES)})"]) + (
             [] if weights else ["no weight files"])
         if what == "policy":
-            heads = conf.get("num_attention_heads")
-            head_dim = conf.get("head_dim") or (conf["hidden_size"] // heads if heads and "hidden_size" in conf
-                                                else None)
+            head_dim = checkpoint_head_dim(conf)
             found += f", head_dim {head_dim}"
             problems += [f"{a.name}'s generation engine does not serve head_dim {head_dim} (it serves multiples "
                          f"of 8 up to {max(a.head_dims)})"

@@ -31,7 +31,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import OWNER, check_replaceable, read_json_object, write_json
+from harness.checkpoint import HEAD_FIELDS, checkpoint_config
+from harness.checkpoint import head_dim as checkpoint_head_dim
+from harness.io import OWNER, check_replaceable, read_document, read_json_object, write_json
 from harness.runtime import envs
 
 
@@ -148,9 +150,7 @@ VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 def check_vllm_cpu_head_dim(policy_dir: str | Path) -> None:
     """HarnessError for a policy whose attention head size vLLM's CPU build cannot serve."""
     path = Path(policy_dir) / "config.json"
-    cfg = read_json_object(path, "policy config")
-    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // cfg["num_attention_heads"]
-                                       if cfg.get("hidden_size") and cfg.get("num_attention_heads") else None)
+    head_dim = checkpoint_head_dim(checkpoint_config(policy_dir, "policy config", optional=HEAD_FIELDS))
     if head_dim not in VLLM_CPU_HEAD_DIMS:
         raise HarnessError(f"{path}: head_dim {head_dim} (hidden_size / num_heads): vLLM's CPU attention serves head "
                            f"sizes {', '.join(map(str, VLLM_CPU_HEAD_DIMS))} only; give the policy fewer heads "
@@ -234,13 +234,11 @@ def env_spec(name: str) -> Path:
 
 def config_blocks() -> dict[str, dict]:
     """Each adapter's config block (its `schema` file), by framework name."""
-    import yaml
-
     blocks = {}
     for name in known_frameworks():
         path = _REGISTRY[name].schema
         if path is not None:
-            block = yaml.safe_load(Path(path).read_text())
+            block = read_document(path, f"the {name} adapter's config block")
             if not isinstance(block, dict) or block.get("type") != "object":
                 raise HarnessError(f"{path}: the {name} adapter's config block must be a JSON schema of an object")
             blocks[name] = block
@@ -249,13 +247,11 @@ def config_blocks() -> dict[str, dict]:
 
 def image_defaults() -> dict[str, dict]:
     """Each adapter's default image (its `image` file), by the name of its GPU environment."""
-    import yaml
-
     out = {}
     for name in known_frameworks():
         adapter = _REGISTRY[name]
         if adapter.image is not None and adapter.env:
-            image = yaml.safe_load(Path(adapter.image).read_text())
+            image = read_document(adapter.image, f"the {name} adapter's image")
             if not isinstance(image, dict) or "from" not in image:
                 raise HarnessError(f"{adapter.image}: the {name} adapter's image must be a mapping with `from`")
             out[adapter.env] = image
@@ -275,6 +271,12 @@ def refuse_foreign_checkout(name: str, config: dict) -> None:
     from harness.results.layout import checkout_owner
 
     path = Path(config[name]["checkout"])
+    if "{" in str(path) or "}" in str(path):
+        # The path is the rule's directory() output, where Snakemake reads {word} as a wildcard (a RuleException
+        # that names no key); escaping it there would still make the run rules' inputs wildcards.
+        raise HarnessError(f"config: at {name}.checkout: {str(path)[:200]!r} holds a brace ({{ or }}), which the "
+                           f"workflow reads as a wildcard in the {name}_checkout rule's output; set a path without "
+                           "braces")
     try:
         check_replaceable(path, checkout_owner(name))
         return

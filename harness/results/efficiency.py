@@ -16,13 +16,14 @@ its samples, prefix caching) is not deducted, so it shows as a higher MFU, and r
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import HarnessError
+from harness.checkpoint import checkpoint_config
+from harness.io import read_json_object
 
 # Dense peak FLOP/s per GPU from NVIDIA's data sheets (A100: "NVIDIA A100 Tensor Core GPU" data sheet, SXM;
 # H100 and H200: the H100 / H200 data sheets, SXM; without sparsity). fp32 is the TF32 tensor-core figure, what
@@ -32,6 +33,9 @@ GPU_PEAK_TFLOPS = {
     "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
     "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
 }
+
+
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -56,15 +60,18 @@ class ModelShape:
 
 def model_shape(config_path: str | Path) -> ModelShape:
     """The shape of a Hugging Face decoder from its config.json (Llama-family names: the frameworks' policies)."""
+    config_path = Path(config_path)
     try:
-        c = json.loads(Path(config_path).read_text())
-        hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
-        head_dim = c.get("head_dim") or hidden // heads
-        kv_heads = c.get("num_key_value_heads") or heads
-        per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * c["intermediate_size"]
-        return ModelShape(layers * per_layer + hidden * c["vocab_size"], layers, heads * head_dim)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise HarnessError(f"{config_path}: cannot read the model's shape ({type(e).__name__}: {e})") from None
+        c = checkpoint_config(config_path.parent, "policy config", required=SHAPE_FIELDS,
+                              optional=("head_dim", "num_key_value_heads"))
+    except HarnessError as e:
+        raise HarnessError(f"{config_path}: cannot read the model's shape "
+                           f"({str(e).removeprefix(f'{config_path}: ')})") from None
+    hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    kv_heads = c.get("num_key_value_heads") or heads
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * c["intermediate_size"]
+    return ModelShape(layers * per_layer + hidden * c["vocab_size"], layers, heads * head_dim)
 
 
 def step_flops(shape: ModelShape, *, tokens_prompt: float, tokens_response: float, tokens_baseline: float,
@@ -92,12 +99,20 @@ def run_peak(run_dir: Path, n_gpus: int) -> tuple[float | None, str]:
     (the frameworks' training dtype here), times the run's GPUs."""
     path = Path(run_dir) / "manifest.json"
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None, f"no peak: {path} is missing or unreadable"
+        manifest = read_json_object(path, "manifest")
+    except HarnessError as e:
+        return None, f"no peak: {e}"
     if "peak_flops" in manifest:
-        return manifest["peak_flops"]["flops"], manifest["peak_flops"]["source"]
-    gpus = manifest.get("hardware", {}).get("gpus") or []
+        record = manifest["peak_flops"]
+        flops = record.get("flops") if isinstance(record, dict) else None
+        if not isinstance(flops, (int, float)) or isinstance(flops, bool) or flops <= 0 \
+                or not isinstance(record.get("source"), str):
+            return None, f"no peak: {path}: peak_flops should be {{flops: a number above 0, source: a string}}"
+        return float(flops), record["source"]
+    hardware = manifest.get("hardware", {})
+    gpus = hardware.get("gpus") or [] if isinstance(hardware, dict) else None
+    if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+        return None, f"no peak: {path}: hardware.gpus should be a list of GPU names"
     peak = gpu_peak(gpus[0], "bf16") if gpus else None
     if peak is None:
         return None, f"no peak: {gpus[0]} is not in the GPU table" if gpus else "no peak: a CPU run, not measured"

@@ -58,6 +58,16 @@ FRAMEWORK_THROUGHPUT = "framework_throughput_tok_s"
 MAX_COUNT = 1 << 53  # steps, seeds, GPUs: above it a float64 (pandas, JSON readers) no longer holds each integer
 
 
+def step_number(digits: str, where: str) -> int:
+    """The step number a log line writes in decimal digits; HarnessError naming `where` from MAX_COUNT on. The
+    length is checked first: Python refuses int() of more than 4,300 digits (a ValueError naming nothing)."""
+    value = int(digits) if len(digits) <= len(str(MAX_COUNT)) else MAX_COUNT
+    if value >= MAX_COUNT:
+        shown = digits if len(digits) <= 40 else f"{digits[:20]}... ({len(digits)} digits)"
+        raise HarnessError(f"{where}: step {shown} is not a whole number from 0 to 2**53")
+    return value
+
+
 def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     """Per-step records -> the common schema, with derived throughput; raise naming `source` if anything is off."""
     if not rows:

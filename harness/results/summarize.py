@@ -70,6 +70,9 @@ def model_flops_utilisation(measured: pd.DataFrame, shape: ModelShape, prompts: 
             for phase, time in (("gen", "time_gen_s"), ("train", "time_train_s"), ("step", "time_step_s"))}
 
 
+# A time of 0 (in metrics another tool wrote) divides to inf or nan, which summarize then refuses naming the run and
+# the figure: numpy's own warning about the division would only print a line before that one.
+@np.errstate(divide="ignore", invalid="ignore")
 def summarize_run(df: pd.DataFrame, warmup_steps: int, efficiency: dict | None = None) -> dict:
     """`efficiency`: {"shape", "prompts", "samples_per_prompt", "peak_flops", "peak_source"} for the MFU columns
     (empty where the run's peak is unknown)."""

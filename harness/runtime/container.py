@@ -14,14 +14,13 @@ framework.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import subprocess
 import unicodedata
 from pathlib import Path
 
 from harness import HarnessError
-from harness.io import atomic_path, check_replaceable, sha256_file, write_json
+from harness.io import atomic_path, check_replaceable, read_json_object, sha256_file, write_json
 from harness.results import layout
 from harness.runtime import envs
 from harness.runtime.launch_script import shell_word, shell_words
@@ -188,7 +187,7 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
 def image_record(name: str) -> dict | None:
     """The record of environment `name`'s image, for the run manifest; None before the image is made."""
     path = record_path(name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json_object(path, f"the {name} image's record") if path.is_file() else None
 
 
 # ---- a framework environment's programs, under either runtime ------------------------------------------------

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from harness import HarnessError
+from harness.checkpoint import checkpoint_config
 from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.registry import environment, get_adapter, on_cpu, run_id, write_plan
 from harness.frameworks.reward_serving import plan_record, server_block
@@ -24,8 +25,8 @@ from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
 from harness.runtime.launch_script import REWARD_URL, RUN_DIR, fill, launch_script, shell_word
-
 from harness.runtime.locks import package_deviations
+
 NAME = "dschat"
 ENV = "dschat"  # envs/dschat.txt: the GPU run environment
 CPU_ENV = "dschat-cpu"  # envs/dschat-cpu.txt: real DeepSpeed on the CPU, for CPU runs and checks
@@ -151,11 +152,11 @@ def _actor_dir(policy: Path, dest: Path, final: Path) -> None:
     DeepSpeed-Chat's load_hf_tokenizer (utils/utils.py) loads the tokenizer from the `_name_or_path` written in
     the checkpoint's config.json, not from the directory it is given (a hub name there means a download).
     """
+    cfg = checkpoint_config(policy, "policy config")
     dest.mkdir()
     for f in sorted(policy.iterdir()):
         if f.name != "config.json":
             (dest / f.name).symlink_to(f.resolve())
-    cfg = json.loads((policy / "config.json").read_text())
     cfg["_name_or_path"] = str(final)
     (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 

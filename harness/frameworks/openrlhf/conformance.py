@@ -17,6 +17,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.openrlhf.plan import ADVANTAGE_BATCH, INSIDE, NAME, PATCH, REMAX_DIR, VERSION
 from harness.frameworks.registry import conformance_env, get_adapter, run_plan
+from harness.io import read_document, read_json_object
 from harness.runtime import envs
 
 VALIDATE_ENV = "openrlhf-validate"
@@ -81,7 +82,9 @@ def run_conformance(run_dir: Path) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        batches = json.loads(path.read_text())
+        batches = read_document(path, "recorded advantage batches")
+        if not isinstance(batches, list):
+            raise TypeError("not a list of batches")
         diff, samples = 0.0, 0
         for case in map(response_aligned, batches):
             mask = torch.tensor(case["mask"], dtype=torch.float32)
@@ -127,4 +130,4 @@ def conformance(config: dict | None = None) -> pd.DataFrame:
         proc = run_validate(python, "conformance", out, stand_ins=env == VALIDATE_ENV)
         if proc.returncode:
             raise HarnessError(f"OpenRLHF conformance run failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        return conformance_table(json.loads(out.read_text()))
+        return conformance_table(read_json_object(out, "conformance record"))

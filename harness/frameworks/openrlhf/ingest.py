@@ -101,16 +101,17 @@ def ingest(run: LoggedRun) -> pd.DataFrame:
             match = STEP_LINE.search(line)
             if not match:
                 raise HarnessError(f"{where}: garbled OpenRLHF step line (expected '✨ Global step N: {{...}}')")
+            step = metrics.step_number(match.group(1), where)
             if stamp := STEP_TIME.search(line):
                 h, m, sec = map(int, stamp.groups())
-                times[int(match.group(1))] = 3600 * h + 60 * m + sec
+                times[step] = 3600 * h + 60 * m + sec
             try:
                 status = _literal(match.group(2))
             except (ValueError, SyntaxError, RecursionError, MemoryError) as e:
                 raise HarnessError(f"{where}: the step's metrics are not a Python dict literal ({e})") from None
             if not isinstance(status, dict):
                 raise HarnessError(f"{where}: the step's metrics are not a dict")
-            rows.append({**identity, **_row(status, int(match.group(1)), gpus, plan_.samples_per_prompt, where)})
+            rows.append({**identity, **_row(status, step, gpus, plan_.samples_per_prompt, where)})
         first = min((row["step"] for row in rows[found:]), default=None)
         ends = _step_ends(times) if first in times else {}  # from the log's first step, or none
         for row in rows[found:]:

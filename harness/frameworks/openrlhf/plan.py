@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import HarnessError
+from harness.checkpoint import checkpoint_config
 from harness.frameworks.determinism import Knob, determinism
 from harness.frameworks.registry import (
     check_vllm_cpu_head_dim,
@@ -25,7 +26,7 @@ from harness.frameworks.registry import (
 )
 from harness.frameworks.reward_serving import plan_record, server_block
 from harness.inputs import resolve_inputs, task
-from harness.io import atomic_path, read_json_object, write_json, write_text
+from harness.io import atomic_path, write_json, write_text
 from harness.results.layout import plan_owner
 from harness.runtime import container, envs
 from harness.runtime.launch_script import fill, launch_script, shell_word, shell_words
@@ -85,7 +86,8 @@ def _max_len(config: dict, policy: str) -> tuple[int, list[dict]]:
     """data.max_len, prompt and response budget together, within the policy's max_position_embeddings; the deviation
     where that leaves the prompt less than remax.max_prompt_length."""
     rc = config["remax"]
-    positions = read_json_object(Path(policy) / "config.json", "policy config").get("max_position_embeddings")
+    positions = checkpoint_config(policy, "policy config", optional=("max_position_embeddings",)).get(
+        "max_position_embeddings")
     max_len = rc["max_prompt_length"] + rc["max_response_length"]
     if not (positions and positions < max_len):
         return max_len, []

@@ -15,6 +15,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.frameworks.registry import conformance_env, get_adapter, run_plan
 from harness.frameworks.trl.plan import BATCH_LOG, NAME
+from harness.io import read_json_object
 from harness.runtime.envs import ensure_env
 
 CONFORMANCE_DRIVER = Path(__file__).with_name("inside") / "conformance_driver.py"
@@ -56,7 +57,7 @@ def run_conformance(run_dir: Path) -> pd.DataFrame | None:
     if not path.is_file():
         return None
     try:
-        case = json.loads(path.read_text())
+        case = read_json_object(path, "recorded advantage batch")
         diff = float((reference_advantages(case) - torch.tensor(case["advantages"])).abs().max())
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, RuntimeError) as e:
         raise HarnessError(f"{path}: not a recorded advantage batch ({e!r})") from None

@@ -33,7 +33,7 @@ VALIDATION = ("val-core/", "val-aux/")
 # as tqdm prints it: "Training Progress:  33%|███▎      | 1/3 [01:21<02:43, 81.64s/it]", elapsed in whole seconds
 # ([H:]MM:SS). tqdm redraws with carriage returns, so one line may hold several prints.
 PROGRESS = "Training Progress:"
-_PROGRESS = re.compile(r"Training Progress:\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \[(?:(\d+):)?(\d+):(\d+)<")
+_PROGRESS = re.compile(r"Training Progress:\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \[(?:(\d{1,9}):)?(\d{1,9}):(\d{1,9})<")
 
 
 def _console_value(text: str, where: str) -> float:
@@ -58,7 +58,7 @@ def _parse_console_line(line: str, where: str) -> tuple[int, dict] | None:
         if not sep or not key:
             raise HarnessError(f"{where}: garbled verl console metric {part!r} (expected key:value)")
         data[key] = _console_value(value, where)
-    return int(m.group(1)), data
+    return metrics.step_number(m.group(1), where), data
 
 
 def _parse_jsonl_line(line: str, where: str) -> tuple[int, dict] | None:
@@ -167,12 +167,13 @@ def progress_elapsed(console: Path) -> dict[int, int]:
     elapsed: dict[int, int] = {}
     if not console.is_file():
         return elapsed
-    for _, line in text_lines(console, errors="replace"):
+    for lineno, line in text_lines(console, errors="replace"):
         if PROGRESS not in line:
             continue
         for m in _PROGRESS.finditer(line):
             # The first print of a count is the update after that step; tqdm prints the last one again on closing.
-            elapsed.setdefault(int(m.group(1)), 3600 * int(m.group(2) or 0) + 60 * int(m.group(3)) + int(m.group(4)))
+            seconds = 3600 * int(m.group(2) or 0) + 60 * int(m.group(3)) + int(m.group(4))
+            elapsed.setdefault(metrics.step_number(m.group(1), f"{console}:{lineno}"), seconds)
     return elapsed
 
 
