@@ -19,8 +19,11 @@ SMI = REPO / "tests" / "fixtures" / "nvidia-smi"
 GiB = 1024 ** 3
 
 
-def recorded_smi(node: str):
+def recorded_smi(node: str, gpus: str | None = None):
+    """`gpus`: the node whose compute capabilities the strict-mode row reads (default: `node`)."""
     def smi(*args):
+        if "--query-gpu=name,compute_cap" in args:
+            return (SMI / f"{gpus or node}-capability.csv").read_text()
         return (SMI / (f"{node}-query.csv" if args else f"{node}-header.txt")).read_text()
     return smi
 
@@ -139,3 +142,25 @@ def test_gpu_profiles_run_the_preflight_before_anything_else_needs_a_node(tmp_pa
         assert "results/preflight.md" in block, (rule, block)
     cpu = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", REPO / "workflows" / "config" / "cpu.yaml")
     assert cpu.returncode == 0 and "rule preflight" not in cpu.stdout + cpu.stderr
+
+
+def test_strict_mode_needs_the_compute_capability_of_the_pinned_vllms_batch_invariance(tmp_path):
+    """VLLM_BATCH_INVARIANT=1 (the strict GPU plans of verl and OpenRLHF) has kernels for compute capability 8.0 and
+    up in vLLM 0.24.0 and 0.29.0 (their source): a V100 node fails the row of each, an A100 node passes, and under
+    `off` there is no such row."""
+    config = a100x8(tmp_path, checkpoint(tmp_path / "policy", hidden=128, heads=4))
+    config["reproducibility"]["determinism"] = "strict"
+
+    def rows(gpus):
+        return by_check(preflight(config, tmp_path / "results", smi=recorded_smi("a100x8", gpus),
+                                  free=lambda path: 500 * GiB, commands=lambda: [], env_root=tmp_path / "venvs"))
+
+    checks = rows("v100x8")
+    assert checks["strict: verl's vLLM 0.24.0 batch invariance"]["status"] == "fail"
+    openrlhf = checks["strict: openrlhf's vLLM 0.29.0 batch invariance"]
+    assert openrlhf["status"] == "fail" and "Tesla V100-SXM2-32GB (7.0)" in openrlhf["found"]
+    assert "compute capability 8.0+" in openrlhf["fix"]
+    assert not [c for c in checks if c.startswith("strict: dschat") or c.startswith("strict: trl")]  # no vLLM
+    assert all(r["status"] == "ok" for c, r in rows("a100x8").items() if c.startswith("strict: "))
+    config["reproducibility"]["determinism"] = "off"
+    assert not [c for c in rows("v100x8") if c.startswith("strict: ")]

@@ -25,6 +25,7 @@ from harness.checkpoint import head_dim as checkpoint_head_dim
 from harness.frameworks import Adapter, environment, get_adapter, not_runnable
 from harness.inputs import TOKENIZER_FILES
 from harness.runtime.envs import ENV_ROOT, REPO, env_python, spec_path
+from harness.runtime.locks import lock_of, parse_lock
 
 GiB = 1024 ** 3
 # Files of a Hugging Face checkpoint that hold weights: their size is what a framework's save of it writes.
@@ -93,6 +94,52 @@ def gpu_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi) -> list[
         rows.append(_row("GPU model", bool(names) and not wrong,
                          f"{', '.join(sorted(set(names))) or 'none'} (launch.gpu_model: {model})",
                          f"a node with {model} GPUs, or launch.gpu_model set to what this node has"))
+    return rows
+
+
+# The least compute capability vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, which the strict GPU plans set)
+# serves, per vLLM version, read from its source: vllm/model_executor/layers/batch_invariant.py's
+# enable_batch_invariant_mode installs Triton matmul overrides for the SM80 family (Ampere) and relies on cuBLAS's
+# workspace settings for SM90 and SM100; it has no path below 8.0 (V100, T4), where the runs would not be batch
+# invariant. 0.24.0 (verl's pin) and 0.29.0 (OpenRLHF's): both 8.0. vLLM's own page said 9.0 in older releases.
+BATCH_INVARIANT_MIN_CAPABILITY = {"0.24.0": (8, 0), "0.29.0": (8, 0)}
+
+
+def _pinned_vllm(env: str) -> str | None:
+    """The vLLM version an environment's lock (else its description) pins; None where it has no vLLM."""
+    spec = spec_path(env)
+    source = lock_of(spec) or spec
+    return parse_lock(source.read_text()).get("vllm", (None, []))[0] if source.is_file() else None
+
+
+def strict_rows(config: dict, smi: Callable[..., str | None] = nvidia_smi) -> list[dict]:
+    """Under reproducibility.determinism: strict, each planned framework whose rollouts run in vLLM against the least
+    compute capability its pinned vLLM's batch-invariant mode needs."""
+    if config["reproducibility"]["determinism"] != "strict":
+        return []
+    listing = smi("--query-gpu=name,compute_cap", "--format=csv,noheader")
+    gpus = [[part.strip() for part in line.split(",")] for line in (listing or "").strip().splitlines() if line]
+    rows = []
+    for adapter in _planned(config):
+        env = environment(adapter, config)
+        version = _pinned_vllm(env) if env else None
+        if version is None:
+            continue  # its rollouts are not vLLM's: nothing of this kind to check
+        check = f"strict: {adapter.name}'s vLLM {version} batch invariance"
+        need = BATCH_INVARIANT_MIN_CAPABILITY.get(version)
+        if need is None:
+            rows.append(_skip(check, f"no known hardware need for vLLM {version}: see its docs, Batch Invariance"))
+            continue
+        if not gpus:
+            rows.append(_row(check, False, "no GPU's compute capability to read (no nvidia-smi)",
+                             "run the preflight on a GPU node of the profile"))
+            continue
+        short = sorted({f"{name} ({cap})" for name, cap in gpus
+                        if tuple(int(x) for x in cap.split(".")[:2]) < need})
+        rows.append(_row(check, not short, ", ".join(sorted({f"{name} ({cap})" for name, cap in gpus})) +
+                         f"; needs compute capability {need[0]}.{need[1]} or higher",
+                         f"GPUs of compute capability {need[0]}.{need[1]}+ (A100, H100), or "
+                         "reproducibility.determinism: off (its runs then differ run to run)"))
     return rows
 
 
@@ -266,7 +313,8 @@ def preflight(config: dict, results: Path, *, smi: Callable[..., str | None] = n
               env_root: Path = ENV_ROOT) -> list[dict]:
     """Every check's row; none stops the others."""
     policy, reward = checkpoint_paths(config)
-    return [*gpu_rows(config, smi), *environment_rows(config, smi, env_root), *checkpoint_rows(config, policy, reward),
+    return [*gpu_rows(config, smi), *strict_rows(config, smi), *environment_rows(config, smi, env_root),
+            *checkpoint_rows(config, policy, reward),
             *disk_rows(config, policy, results, free), *port_rows(config), *ray_rows(commands)]
 
 
