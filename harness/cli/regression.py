@@ -25,6 +25,13 @@ def cmd_history_append(args: argparse.Namespace) -> None:
                                   "runs": [r["run_id"] for r in rows], "newly_appended": new})
 
 
+def cmd_history_page(args: argparse.Namespace) -> None:
+    from harness.report.history import write_history_page
+
+    out = write_history_page(args.results, args.out, args.baseline)
+    print(f"{out}: the history of {args.results}")
+
+
 def _history(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("history", help="the append-only results history (RESULTS/history)")
     hsub = sp.add_subparsers(dest="action", required=True)
@@ -32,6 +39,12 @@ def _history(sub: argparse._SubParsersAction) -> None:
     hp.add_argument("--results", default="results")
     hp.add_argument("--receipt", help="also write a small JSON receipt here (the pipeline rule's output)")
     hp.set_defaults(func=cmd_history_append)
+    pp = hsub.add_parser("page", help="OUT/history.html: every night per framework and metric, alerts marked")
+    pp.add_argument("results", nargs="?", default="results", help="results directory holding history/ "
+                    "(default: %(default)s)")
+    pp.add_argument("--out", required=True, help="folder for history.html (e.g. results/report)")
+    pp.add_argument("--baseline", help="the baseline whose band to draw (default: the one the latest check used)")
+    pp.set_defaults(func=cmd_history_page)
 
 
 def cmd_baseline_update(args: argparse.Namespace) -> None:
@@ -68,9 +81,11 @@ def _baseline(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from harness.regression.alerts import render_markdown, write_alerts
     from harness.regression.check import check
+    from harness.regression.ci import write_ci_outputs
 
     result = check(args.baseline, args.results)
     write_alerts(result, args.results)
+    write_ci_outputs(result, args.summary_md, args.junit, str(layout.path(args.results, layout.ALERTS)))
     print(render_markdown(result))
     return 1 if result["status"] == "regression" else 0
 
@@ -79,6 +94,10 @@ def _check(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("check", help="regression check of the latest run: exit 0 ok, 1 regression, 2 bad input")
     sp.add_argument("--baseline", required=True, help="baselines/<profile>.json")
     sp.add_argument("--results", required=True, help="results directory (summary, runs, history)")
+    sp.add_argument("--summary-md", help="also write the verdict as GitHub-flavoured Markdown here (a job summary or "
+                    "a pull-request comment); appended to $GITHUB_STEP_SUMMARY whenever that is set")
+    sp.add_argument("--junit", help="also write the verdict as JUnit XML here: a test case per framework and metric, "
+                    "a regression a failure")
     sp.set_defaults(func=cmd_check)
 
 

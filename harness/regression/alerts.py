@@ -118,8 +118,22 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def check_record(result: dict) -> dict:
+    """What the history keeps of a night's verdict (layout.CHECK_RECORD): enough for the history page to mark the
+    night's regressions and the baseline it was judged against; alerts.json has the evidence."""
+    keep = ("framework", "metric", "label", "class", "status", "change", "unit", "reason")
+    return {"pipeline_run": result["pipeline_run"], "pipeline_time": result["pipeline_time"],
+            "status": result["status"], "checked": result.get("checked"), "baseline": result["baseline"],
+            "baseline_runs": result.get("baseline_runs", []),
+            "checks": [{k: c[k] for k in keep if k in c} for c in result["checks"]]}
+
+
 def write_alerts(result: dict, results_dir: str | Path) -> None:
+    """alerts.json and alerts.md in the results directory, and the night's verdict beside the history (a check of
+    the same night again replaces its record)."""
     results_dir = Path(results_dir)
     write_json(layout.path(results_dir, layout.ALERTS_JSON), result)
     write_text(layout.path(results_dir, layout.ALERTS), render_markdown(result))
+    write_json(layout.path(results_dir, layout.CHECK_RECORD, pipeline_run=result["pipeline_run"]),
+               check_record(result))
 

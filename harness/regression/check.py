@@ -257,6 +257,7 @@ def check(baseline_path: str | Path, results_dir: str | Path) -> dict:
     status = ("regression" if alerts else "contended" if "contended" in undecided
               else "insufficient history" if undecided else "ok")
     return {"status": status, "baseline": str(baseline_path), "results": str(results_dir),
+            "baseline_runs": [p["pipeline_run"] for p in base.get("pipeline_runs") or []],
             "pipeline_run": now["pipeline_run"], "pipeline_time": now["pipeline_time"], "profile": now["profile"],
             "hardware": now["hardware"], "checked": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "method": {"z_crit": Z_CRIT, "z_persist": Z_PERSIST, "min_history": MIN_HISTORY, "persistence": PERSISTENCE,

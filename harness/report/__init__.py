@@ -1,6 +1,7 @@
 """The report stage: from a results directory, a comparison of the frameworks (docs/report.md).
 
 It writes into its output directory index.html (one self-contained page: stylesheet inlined, figures embedded),
+history.html where the results directory has a nightly history (harness/report/history.py, linked from index.html),
 throughput.md and throughput.csv (the shared comparison table), runs.csv (every planned run's status) and the
 figures' PNGs. The directory is written whole (harness.io.atomic_path, owner layout.report_owner): an interrupted or
 failed report leaves the previous one as it was, and the output never replaces a folder that is not a report (a
@@ -56,6 +57,23 @@ def render(results_dir: str | Path, out_dir: str | Path, claims_path: str | Path
         _write(results, out, Path(claims_path), Path(summary_path) if summary_path else None)
 
 
+def _history_page(results: Path, out: Path, problems: list[str]) -> str | None:
+    """history.html beside index.html where the results directory has a history (its own page: a year of nights
+    per framework and metric would bury the run's comparison); None without one. A history it cannot read is one
+    of the page's problems, never a failed report."""
+    from harness import HarnessError
+    from harness.report.history import history_html
+
+    if not any(layout.path(results, layout.HISTORY).glob("*.jsonl")):
+        return None
+    try:
+        (out / "history.html").write_text(history_html(results, out))
+    except HarnessError as e:
+        problems.append(f"the nightly history: {e}")
+        return None
+    return "history.html"
+
+
 def _write(results: Path, out: Path, claims_path: Path, summary_path: Path | None) -> None:
     config = results_config(results)
     claims = load_claims(claims_path)
@@ -81,5 +99,6 @@ def _write(results: Path, out: Path, claims_path: Path, summary_path: Path | Non
                                   "reward record") if not truth.empty else None,
         fairness=fairness_table(config, runs), reward=reward_table(runs),
         conformance=read_conformance(results, runs, problems), claims=claims_table(claims, runs, table, config),
-        problems=problems, reproducibility=reproducibility_view(results, config, runs, problems))
+        problems=problems, reproducibility=reproducibility_view(results, config, runs, problems),
+        history=_history_page(results, out, problems))
     (out / "index.html").write_text(page.html(data, pngs))

@@ -57,6 +57,7 @@ class PageData:
     claims: pd.DataFrame
     problems: list[str]
     reproducibility: dict  # harness.report.repeats.reproducibility_view
+    history: str | None = None  # history.html beside the page, where the results directory has a history
 
 
 class Spread(NamedTuple):
@@ -268,6 +269,7 @@ def html(data: PageData, figures: dict[str, bytes]) -> str:
         conformance_columns=CONFORMANCE_COLUMNS,
         conformance=conformance_rows(data.conformance) if data.conformance is not None else None,
         run_setting=run_setting_words(config), claims=data.claims.to_dict("records"),
-        status=status_rows(data.runs), manifest=manifest_view(data.runs), reproducibility=data.reproducibility)
+        status=status_rows(data.runs), manifest=manifest_view(data.runs), reproducibility=data.reproducibility,
+        history=data.history)
     # Characters beyond ASCII as references: the file reads the same whatever encoding the writer's locale has.
     return page.encode("ascii", "xmlcharrefreplace").decode("ascii")

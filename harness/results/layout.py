@@ -32,8 +32,13 @@ REPORT = "report"
 HISTORY = "history"  # the append-only history of pipeline runs (never a rule output: it outlives every run)
 HISTORY_RECEIPT = "history.appended.json"
 ALERTS = "alerts.md"
+# Each night's verdict as `check` gave it, kept beside the history (the history page marks its alerts).
+CHECK_RECORD = "history/checks/{pipeline_run}.json"
 AB = "ab"  # `snakemake ab`: a paired A/B of two commits (harness.comparison.ab), its page index.md
 ALERTS_JSON = "alerts.json"
+ALERTS_SUMMARY = "alerts-summary.md"  # the verdict for a CI job summary or a pull-request comment (regression/ci.py)
+ALERTS_JUNIT = "alerts-junit.xml"  # the verdict as JUnit XML: a test case per framework and metric
+BISECT = "bisect"  # `remax-bench bisect --out results/bisect`: bisect.json, each round's A/B under rounds/
 
 # Logs: one per job, under logs/<stage>/.
 RUN_LOG = "logs/run/{framework}_seed{seed}.log"

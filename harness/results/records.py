@@ -94,7 +94,18 @@ def check_shape(record: object, shape: dict[str, Kind], where: str | Path, requi
     if not isinstance(record, dict):
         raise HarnessError(f"{where}: {what} should be a JSON object, not {_type_name(record)}")
     for field, (expected, ok) in shape.items():
-        for path, value in _at(record, field.split("."), ""):
+        holder, _, last = field.rpartition(".")
+        # Every item of a list or object (a history row's curve: 150 numbers): checked at once, its path named
+        # only for an item that is wrong (a path per item made reading a year of history take seconds).
+        nodes = (_at(record, holder.split("."), "") if holder else [("", record)]) if last == "*" else ()
+        for at, node in nodes:
+            items = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+            if all(ok(v) for v in items):
+                continue
+            for path, value in _at(node, ["*"], at):
+                if not ok(value):
+                    raise HarnessError(f"{where}: {path}: expected {expected}, not {_type_name(value)}")
+        for path, value in _at(record, field.split("."), "") if last != "*" else ():
             if not ok(value):
                 raise HarnessError(f"{where}: {path}: expected {expected}, not {_type_name(value)}")
     missing = [m for field in required if (m := _missing(record, field))]

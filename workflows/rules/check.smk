@@ -1,5 +1,6 @@
 # Regression alerts (harness/regression/history.py, harness/regression/check.py; docs/regression.md).
-# `snakemake --cores all check`: appends this pipeline run to the history, writes results/alerts.md|json and
+# `snakemake --cores all check`: appends this pipeline run to the history, writes results/alerts.md|json, the
+# verdict for CI (results/alerts-summary.md, results/alerts-junit.xml; $GITHUB_STEP_SUMMARY where set) and
 # fails when a throughput or transition-time regression is found. The history itself is not a rule output:
 # Snakemake deletes a rule's outputs before it reruns, and the history must outlive every run.
 
@@ -28,6 +29,8 @@ rule alerts:
     output:
         md=f"{RESULTS}/{layout.ALERTS}",
         json=f"{RESULTS}/{layout.ALERTS_JSON}",
+        summary=f"{RESULTS}/{layout.ALERTS_SUMMARY}",
+        junit=f"{RESULTS}/{layout.ALERTS_JUNIT}",
     log:
         f"{RESULTS}/logs/alerts.log",
     conda:
@@ -36,7 +39,8 @@ rule alerts:
         results=lambda w, output: os.path.dirname(output.json),
     # Exit 1 (a regression) keeps the alerts as outputs; the `check` target below turns it into a failure.
     shell:
-        "remax-bench check --baseline {input.baseline:q} --results {params.results:q} > {log:q} 2>&1 || test $? -eq 1"
+        "remax-bench check --baseline {input.baseline:q} --results {params.results:q} --summary-md {output.summary:q} "
+        "--junit {output.junit:q} > {log:q} 2>&1 || test $? -eq 1"
 
 
 rule check:
