@@ -21,6 +21,8 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from harness.report.claims import run_setting_words
+from harness.report.fairness import LABELS as FAIRNESS_LABELS
+from harness.report.fairness import fairness_class, fairness_summary
 from harness.report.runs import Run
 from harness.report.tables import (
     CONFORMANCE_COLUMNS,
@@ -140,7 +142,8 @@ def _setting(value: object) -> object:
 
 def fairness_view(fair: pd.DataFrame, frameworks: list[str]) -> dict:
     """One row per shared key: the spec, then per framework its effective value (state: match, mismatch,
-    unmapped; empty where the framework has no row for the key). A framework without a plan (not run in this
+    unmapped; empty where the framework has no row for the key) and its class (harness/report/fairness.py); and
+    the summary: per framework, the rows of each class. A framework without a plan (not run in this
     profile) has no column: `planless` names it once instead of a column of "no plan.json"."""
     planless = [fw for fw in frameworks
                 if not fair.empty and set(fair.loc[fair["framework"] == fw, "state"]) == {"unknown"}]
@@ -156,11 +159,12 @@ def fairness_view(fair: pd.DataFrame, frameworks: list[str]) -> dict:
             r = by_fw.loc[fw]
             state = "unmapped" if r.state in ("not mapped", "unknown") else r.state
             named = r.framework_key and r.framework_key != key
+            cls = fairness_class(key, r.state, r.cause)
             cells.append(dict(state=state, value=_setting(r.effective), framework_key=r.framework_key if named else "",
-                              cause=r.cause))
+                              cause=r.cause, cls=cls, label=FAIRNESS_LABELS[cls]))
         rows.append(dict(key=key, shared=_setting(group["shared"].iloc[0]), cells=cells))
-    return dict(frameworks=frameworks, rows=rows, planless=planless,
-                mismatches=int((fair["state"] == "mismatch").sum()) if not fair.empty else 0)
+    return dict(frameworks=frameworks, rows=rows, planless=planless, summary=fairness_summary(fair, frameworks),
+                labels=FAIRNESS_LABELS, mismatches=int((fair["state"] == "mismatch").sum()) if not fair.empty else 0)
 
 
 def reward_view(table: pd.DataFrame) -> dict | None:
