@@ -153,14 +153,14 @@ def test_strict_mode_needs_the_compute_capability_of_the_pinned_vllms_batch_inva
 
     def rows(gpus):
         return by_check(preflight(config, tmp_path / "results", smi=recorded_smi("a100x8", gpus),
-                                  free=lambda path: 500 * GiB, commands=lambda: [], env_root=tmp_path / "venvs"))
+                                  free=lambda path: 500 * GiB, commands=list, env_root=tmp_path / "venvs"))
 
     checks = rows("v100x8")
     assert checks["strict: verl's vLLM 0.24.0 batch invariance"]["status"] == "fail"
     openrlhf = checks["strict: openrlhf's vLLM 0.29.0 batch invariance"]
     assert openrlhf["status"] == "fail" and "Tesla V100-SXM2-32GB (7.0)" in openrlhf["found"]
     assert "compute capability 8.0+" in openrlhf["fix"]
-    assert not [c for c in checks if c.startswith("strict: dschat") or c.startswith("strict: trl")]  # no vLLM
+    assert not [c for c in checks if c.startswith(("strict: dschat", "strict: trl"))]  # no vLLM
     assert all(r["status"] == "ok" for c, r in rows("a100x8").items() if c.startswith("strict: "))
     config["reproducibility"]["determinism"] = "off"
     assert not [c for c in rows("v100x8") if c.startswith("strict: ")]
