@@ -188,21 +188,23 @@ def _served_at(config: dict) -> tuple[str, int | None]:
 
 
 # How a CPU run (launch.device cpu) differs from the GPU plan: the launcher's CPU layer (install_cpu_layer of
-# inside/launcher.py) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations.
+# inside/launcher.py) and the settings DeepSpeed's cpu accelerator needs. In plan.json's deviations, each cause starting
+# "CPU run:" as every adapter's CPU stand-ins do (the report's fairness summary counts them by it).
 CPU_DEVIATIONS = [
     {"key": "device", "shared": "the node's GPUs", "effective": "one process on DeepSpeed's cpu accelerator (gloo)",
-     "cause": "the ReMax code's torch.cuda.set_device, .cuda() and to_device(batch, cuda) go to the CPU "
+     "cause": "CPU run: the ReMax code's torch.cuda.set_device, .cuda() and to_device(batch, cuda) go to the CPU "
               "(dschat_launcher.install_cpu_layer); DeepSpeed 0.19.8 and Transformers 5 (harness/frameworks/dschat/"
               "envs/dschat-cpu.txt), not the 0.10.3 and 4.31 of the GPU environment, which have no CPU path"},
     {"key": "generation", "shared": "DeepSpeed's hybrid engine with its inference kernels",
      "effective": "the hybrid engine around the model's own generate()",
-     "cause": "DeepSpeed's inference containers for a Llama policy are CUDA kernels; on the CPU the hybrid engine "
-              "builds none and generates with Transformers, as it does for a model it has no policy for"},
+     "cause": "CPU run: DeepSpeed's inference containers for a Llama policy are CUDA kernels; on the CPU the hybrid "
+              "engine builds none and generates with Transformers, as it does for a model it has no policy for"},
     {"key": "optimizer", "shared": "FusedAdam", "effective": "torch.optim.AdamW, the same arguments",
-     "cause": "FusedAdam is a CUDA op; torch's AdamW makes the same update"},
+     "cause": "CPU run: FusedAdam is a CUDA op; torch's AdamW makes the same update"},
 ]
 CPU_BF16 = {"key": "dschat.bf16", "shared": False, "effective": True,
-            "cause": "DeepSpeed-Chat trains in fp16 unless --actor_bf16, and DeepSpeed's cpu accelerator has no fp16"}
+            "cause": "CPU run: DeepSpeed-Chat trains in fp16 unless --actor_bf16, and DeepSpeed's cpu accelerator has "
+                     "no fp16"}
 
 
 # reproducibility.determinism strict. The ReMax code and DeepSpeed 0.19.8 have no determinism switch (main.py's --seed,
