@@ -71,6 +71,19 @@ def run_cli(*args, cwd=None):
     return subprocess.run([str(BIN / "remax-bench"), *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
+def clone_with_commit(clone, path: str, line: tuple[str, str], message: str):
+    """A clone of this repository's HEAD at `clone` with one commit on top that replaces `line[0]` (found once) in
+    `path` by `line[1]`: a planted real change, for the tests that must tell it apart (A/B, reproduce)."""
+    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
+    target = clone / path
+    text = target.read_text()
+    assert text.count(line[0]) == 1, f"{path} no longer holds {line[0]!r} once"
+    target.write_text(text.replace(*line))
+    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
+    subprocess.run(["git", "-C", str(clone), *who, "commit", "-qam", message], check=True)
+    return clone
+
+
 def snakemake(workdir, *args):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from conftest import REPO, clone_with_commit, run_cli
 
 from harness import HarnessError
 from harness.comparison.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
@@ -171,14 +171,7 @@ def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the
 def two_commits(tmp_path_factory):
     """A clone of this repository's HEAD with one commit on top that makes the policy's forward pass slower."""
     root = tmp_path_factory.mktemp("ab")
-    clone = root / "repo"
-    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
-    path = clone / MODEL
-    text = path.read_text()
-    assert text.count(SLOW_LINE[0]) == 1
-    path.write_text(text.replace(*SLOW_LINE))
-    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
-    subprocess.run(["git", "-C", str(clone), *who, "commit", "-qam", "a slower forward pass"], check=True)
+    clone = clone_with_commit(root / "repo", MODEL, SLOW_LINE, "a slower forward pass")
     config = root / "ab.yaml"
     config.write_text(yaml.safe_dump(AB_CONFIG))
     return clone, config

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import BIN, REPO, run_cli, snakemake
+from conftest import BIN, REPO, clone_with_commit, run_cli, snakemake
 
 from harness.io import record_hash
 from harness.runs.reproduce_comparison import RECORD
@@ -62,14 +62,8 @@ def test_a_bundle_rerun_on_another_kernel_path_is_consistent_figure_by_figure(or
 
 
 def test_a_planted_learning_rate_change_is_not_consistent_and_its_commit_is_named(original, tmp_path):
-    clone = tmp_path / "repo"
-    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(clone)], check=True)
-    backend = clone / "harness" / "frameworks" / "reference" / "backend.py"
-    text = backend.read_text()
-    assert text.count(LR_LINE[0]) == 1
-    backend.write_text(text.replace(*LR_LINE))
-    who = ["-c", "user.name=remax-bench test", "-c", "user.email=test@remax-bench.invalid"]
-    subprocess.run(["git", "-C", str(clone), *who, "commit", "-qam", "a tenth of the learning rate"], check=True)
+    clone = clone_with_commit(tmp_path / "repo", "harness/frameworks/reference/backend.py", LR_LINE,
+                              "a tenth of the learning rate")
     out = tmp_path / "planted"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "reproduce", str(original), "--out", str(out),
                            "--seeds", "1", "2"], cwd=clone, text=True, capture_output=True,
