@@ -27,6 +27,10 @@ step preflight remax-bench preflight --config "$CONFIG" --out "$OUT/preflight.md
 for env in verl openrlhf dschat trl; do
   step "env-$env" remax-bench env "$env"
 done
-# One step per framework, seed 1 (the reference backend too): the gpu1 profile with remax.steps 1, no warm-up.
-step runs snakemake --cores all --configfile "$CONFIG" --config 'remax={steps: 1, warmup_steps: 0}' 'seeds=[1]'
+# One step per framework, seed 1 (the reference backend too): the gpu1 profile with remax.steps 1, no warm-up, as a
+# second config file (Snakemake's --config reads `remax={steps: 1}` with YAML's base loader: "1" a string, which the
+# schema refuses).
+mkdir -p "$OUT"
+printf 'remax: {steps: 1, warmup_steps: 0}\nseeds: [1]\n' >"$OUT/one-step.yaml"
+step runs snakemake --cores all --configfile "$CONFIG" "$OUT/one-step.yaml"
 echo "first_hour: done; the report: results/report/index.html, the logs under $OUT"

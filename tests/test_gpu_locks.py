@@ -5,6 +5,7 @@ numerics or its CPU plan saying where not; the install from a lock with hashes r
 whose hash differs; `remax-bench env lock` without uv; scripts/first_hour.sh's commands."""
 
 import hashlib
+import os
 import subprocess
 import time
 import urllib.request
@@ -13,8 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness import HarnessError
+from harness.config import validate_config
 from harness.runtime import envs, locks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,12 +161,18 @@ def test_changes_name_each_package_added_removed_or_moved():
                                        "hashes   c 3 (files added or removed on the index)", "added    d-e 4"]
 
 
-def test_first_hour_script_runs_the_checklist_in_order():
+def test_first_hour_script_runs_the_checklist_in_order(tmp_path):
     script = REPO / "scripts" / "first_hour.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    out = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([str(script), "--dry-run"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OUT": str(tmp_path)}).stdout
     commands = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("== ")]
     assert commands[0].startswith("remax-bench preflight --config workflows/config/gpu1.yaml")
     assert commands[1:5] == [f"remax-bench env {e}" for e in GPU_ENVS.values()]
-    assert commands[5].startswith("snakemake --cores all --configfile workflows/config/gpu1.yaml")
-    assert "steps: 1" in commands[5]  # one step per framework
+    assert commands[5] == f"snakemake --cores all --configfile workflows/config/gpu1.yaml {tmp_path}/one-step.yaml"
+    # the override is a config the schema takes over the profile: one step per framework, seed 1
+    raw = yaml.safe_load((REPO / "workflows" / "config" / "gpu1.yaml").read_text())
+    override = yaml.safe_load((tmp_path / "one-step.yaml").read_text())
+    raw["remax"].update(override["remax"])
+    config = validate_config({**raw, "seeds": override["seeds"]})
+    assert config["remax"]["steps"] == 1 and config["seeds"] == [1]
