@@ -152,12 +152,13 @@ def tiny(tmp_path_factory):
 
 
 # Under pytest-xdist (pyproject's addopts: two workers) a file is one unit of work, so a module's fixtures (a real
-# framework run several tests read) are made once. The files that run a real framework share one unit: they build
-# the framework environments, start Ray clusters and bind fixed ports (OpenRLHF's reward server, torch.distributed's
-# master port), and two of them at once would fight over ports and the 2 cores' memory. That unit, the longest, is
-# handed out first, so the other worker takes the rest of the suite beside it.
-FRAMEWORK_RUNS = {"test_verl_cpu.py", "test_openrlhf_cpu.py", "test_openrlhf.py", "test_dschat.py", "test_trl.py",
-                  "test_verl.py"}
+# framework run several tests read) are made once. The files that start Ray clusters or bind fixed ports (OpenRLHF's
+# reward server, torch.distributed's master port) share one unit, and so does the preflight's, which looks for a
+# stray Ray cluster and for those ports taken on this machine: two of them at once would see each other's. That unit,
+# the longest, is handed out first, so the other worker takes the rest of the suite beside it (TRL's and verl's
+# planning and conformance files among it: one process each, no port of their own).
+FRAMEWORK_RUNS = {"test_verl_cpu.py", "test_openrlhf_cpu.py", "test_openrlhf.py", "test_dschat.py",
+                  "test_preflight.py"}
 
 
 def pytest_collection_modifyitems(items):

@@ -38,7 +38,7 @@ def test_unknown_framework_exits_2(tmp_path):
     (["reproduce", "r", "--out", "o", "--timeout-min", "0"], "--timeout-min", "a finite number above 0, not '0'"),
     (["serve-reward", "--port", "70000"], "--port", "a TCP port (0-65535; 0 = any free one), not 70000"),
     (["serve-reward", "--health-check", "http://127.0.0.1:1/health", "--timeout", "-1"], "--timeout",
-     "a finite number of seconds, 0 or more, not '-1'"),
+     "a number of seconds from 0 to 604800 (7 days), not '-1'"),
     (["serve-reward", "--health-check", "http://127.0.0.1:1/health", "--timeout", "nan"], "--timeout",
      "a finite number, not 'nan'"),
     (["launch", "p", "--out", "r", "--config", "c.yaml", "--timeout-min", "nan"], "--timeout-min",
@@ -47,7 +47,7 @@ def test_unknown_framework_exits_2(tmp_path):
     (["ab", "--a", "A", "--b", "B", "--config", "c.yaml", "--out", "o", "--alpha", "1.5"], "--alpha",
      "a number between 0 and 1, not '1.5'"),
     (["ab", "--a", "A", "--b", "B", "--config", "c.yaml", "--out", "o", "--seeds", "1,-2"], "--seeds",
-     "each at least 0, not '1,-2'"),
+     "seeds: comma-separated integers from 0 to 4294967295, not '1,-2'"),
 ])
 def test_a_number_out_of_range_on_the_command_line_is_exit_2_naming_the_flag(argv, flag, said, capsys):
     """NaN and infinity too: `launch --timeout-min nan` never timed out, its wait loop spinning at 100% CPU."""
