@@ -23,6 +23,7 @@ include: "workflows/rules/summarize.smk"
 include: "workflows/rules/report.smk"
 include: "workflows/rules/check.smk"
 include: "workflows/rules/conformance.smk"
+include: "workflows/rules/parity.smk"
 include: "workflows/rules/ab.smk"
 
 

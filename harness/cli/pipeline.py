@@ -1,9 +1,10 @@
 """Subcommands of the data flow around the runs (harness.cli.runs): config and inputs before them; summarize,
-conformance and the report after them."""
+conformance, update parity and the report after them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from harness import HarnessError
@@ -96,6 +97,32 @@ def _conformance(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_conformance)
 
 
+def cmd_parity(args: argparse.Namespace) -> int:
+    """Each framework's own update on one fixed batch against the reference's (harness/parity.py). Exit 1 where a
+    framework's driver failed (its row says why); a difference is a finding, not a failure: exit 0."""
+    from harness.parity import TABLE, check, summary
+
+    rows = check(config(args), args.inputs, args.out, args.frameworks)
+    failed = [r["framework"] for r in rows if r["verdict"] == "failed"]
+    for fw in dict.fromkeys(r["framework"] for r in rows):
+        print(f"{fw}: {summary([r for r in rows if r['framework'] == fw])}")
+    if failed:
+        print(f"parity: the driver of {', '.join(failed)} failed (its row in {args.out}/{TABLE} says why)",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _parity(sub: argparse._SubParsersAction) -> None:
+    sp = sub.add_parser("parity", help="do the frameworks perform the same ReMax update? each one's own training code "
+                                       "on one fixed batch against the reference (builds their environments)")
+    with_config(sp)
+    with_inputs(sp)
+    sp.add_argument("--frameworks", nargs="+", help="these frameworks only (default: every configured one with a "
+                                                    "parity driver)")
+    sp.add_argument("--out", required=True, help="a folder: the batch, each update, parity.csv")
+    sp.set_defaults(func=cmd_parity)
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     from harness.report import render
 
@@ -111,4 +138,4 @@ def _report(sub: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=cmd_report)
 
 
-COMMANDS = (_freeze_config, _inputs, _summarize, _conformance, _report)
+COMMANDS = (_freeze_config, _inputs, _summarize, _conformance, _parity, _report)

@@ -116,6 +116,10 @@ class Adapter:
     run_conformance: Callable[[Path], pd.DataFrame | None] | None = None
     # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
     check_env: str | None = None
+    # ---- update parity (None: no row of it in the report's "Same update?" table)
+    # (config, batch folder, output file) -> the framework's own training code's one update on harness.parity's
+    # fixed batch, in its environment for the config (conformance_env), written to the file in harness.parity's form
+    parity: Callable[[dict, Path, Path], None] | None = None
     # ---- its own figures and failures in the report
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
     # against the harness's tokens/s: the report's cross-check says it beside the two figures.

@@ -29,6 +29,7 @@ from harness.report.tables import (
     findings,
     own_throughput_table,
     read_conformance,
+    read_parity,
     reward_table,
     run_table,
     step_time_table,
@@ -98,7 +99,8 @@ def _write(results: Path, out: Path, claims_path: Path, summary_path: Path | Non
         reward_record=read_record(layout.path(results, layout.REWARD_RECORD), problems, REWARD_RECORD,
                                   "reward record") if not truth.empty else None,
         fairness=fairness_table(config, runs), reward=reward_table(runs),
-        conformance=read_conformance(results, runs, problems), claims=claims_table(claims, runs, table, config),
+        conformance=read_conformance(results, runs, problems), parity=read_parity(results, problems),
+        claims=claims_table(claims, runs, table, config),
         problems=problems, reproducibility=reproducibility_view(results, config, runs, problems),
         history=_history_page(results, out, problems))
     (out / "index.html").write_text(page.html(data, pngs))

@@ -56,6 +56,7 @@ class PageData:
     fairness: pd.DataFrame
     reward: pd.DataFrame
     conformance: pd.DataFrame | None
+    parity: pd.DataFrame | None  # results/parity/parity.csv: each framework's update on one batch vs the reference's
     claims: pd.DataFrame
     problems: list[str]
     reproducibility: dict  # harness.report.repeats.reproducibility_view
@@ -187,6 +188,30 @@ def conformance_rows(conformance: pd.DataFrame) -> list[dict]:
             for r in conformance.itertuples()]
 
 
+def _g(x: float | None) -> str:
+    return "" if x is None or pd.isna(x) else f"{x:.4g}"
+
+
+def parity_view(parity: pd.DataFrame) -> dict:
+    """The "Same update?" table: per framework its summary line first, then one row per quantity."""
+    from harness.parity import summary
+
+    frameworks = []
+    for fw, rows in parity.groupby("framework", sort=False):
+        records = rows.to_dict("records")
+        frameworks.append({"framework": fw, "summary": summary(records),
+                           "cls": "mismatch" if any(r["verdict"] in ("differs", "failed") for r in records) else "",
+                           "rows": [dict(quantity=r["quantity"], precision=r["precision"] or "",
+                                         value=_g(r["value"]), reference=_g(r["reference"]),
+                                         difference=("" if pd.isna(r["difference"]) else
+                                                     f"{r['difference']:.3g}" + (" rel." if r["relative"] else "")),
+                                         tolerance="" if pd.isna(r["tolerance"]) else f"{r['tolerance']:.3g}",
+                                         verdict=r["verdict"], note=r["note"] if isinstance(r["note"], str) else "",
+                                         cls="mismatch" if r["verdict"] in ("differs", "failed") else "")
+                                    for r in records]})
+    return {"frameworks": frameworks}
+
+
 def status_rows(runs: list[Run]) -> list[dict]:
     return [dict(framework=r.framework, seed=r.seed, status=r.status, reason=r.reason, log_tail=r.log_tail,
                  cls={"ok": "ok", "failed": "failed"}.get(r.status, "notrun")) for r in runs]
@@ -272,6 +297,7 @@ def html(data: PageData, figures: dict[str, bytes]) -> str:
         fairness=fairness_view(data.fairness, config["frameworks"]), reward=reward_view(data.reward),
         conformance_columns=CONFORMANCE_COLUMNS,
         conformance=conformance_rows(data.conformance) if data.conformance is not None else None,
+        parity=parity_view(data.parity) if data.parity is not None else None,
         run_setting=run_setting_words(config), claims=data.claims.to_dict("records"),
         status=status_rows(data.runs), manifest=manifest_view(data.runs), reproducibility=data.reproducibility,
         history=data.history)

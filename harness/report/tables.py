@@ -343,6 +343,25 @@ def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+def read_parity(results: Path, problems: list[str]) -> pd.DataFrame | None:
+    """results/parity/parity.csv (`remax-bench parity`, the pipeline's parity rule); None where it did not run."""
+    from harness.parity import COLUMNS, TABLE
+
+    path = layout.path(results, layout.PARITY) / TABLE
+    if not path.is_file():
+        return None
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        problems.append(f"{path}: unreadable ({e})")
+        return None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        problems.append(f"{path}: lacks columns {', '.join(missing)}")
+        return None
+    return df[COLUMNS]
+
+
 # Deviations whose cause is a proven reason for a framework's reward (docs/frameworks-on-cpu.md), said beside the
 # reward verdict in the headline, not only in the fairness table.
 REWARD_CAUSES = ("rollout.short_responses",)

@@ -28,6 +28,7 @@ METRICS = "metrics/{framework}/seed{seed}.parquet"  # a run's steps in the commo
 REPEAT = "repeats/{framework}/seed{seed}-r{repeat}"
 SUMMARY = "summary.csv"
 CONFORMANCE = "conformance.csv"
+PARITY = "parity"  # `remax-bench parity`: the fixed batch, each framework's update, parity.csv (harness/parity.py)
 REPORT = "report"
 HISTORY = "history"  # the append-only history of pipeline runs (never a rule output: it outlives every run)
 HISTORY_RECEIPT = "history.appended.json"

@@ -38,6 +38,8 @@ for fw, why in NOT_RUNNING.items():
 RUNNABLE = EMBEDDED + [fw for fw in PLANNED if fw not in NOT_RUNNING]
 # Every real framework this profile runs gets its ReMax advantage checked against the reference (rules/conformance.smk).
 CONFORMING = [fw for fw in RUNNABLE if fw in PLANNED and get_adapter(fw).conformance is not None]
+# and its update on one fixed batch against the reference's (rules/parity.smk).
+PARITY = [fw for fw in RUNNABLE if fw in PLANNED and get_adapter(fw).parity is not None]
 # A pattern that matches nothing when the list is empty, so a rule without frameworks never matches.
 EMBEDDED_PATTERN = "|".join(EMBEDDED) or "(?!)"
 PLANNED_PATTERN = "|".join(PLANNED) or "(?!)"
@@ -70,6 +72,12 @@ def conformance_inputs(wildcards):
     """The environments the conformance checks run in (on a CPU profile the runs' own) and the pinned sources."""
     envs = sorted({conformance_env(get_adapter(fw), config) for fw in CONFORMING})
     return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources(CONFORMING, config)
+
+
+def parity_inputs(wildcards):
+    """The environments the parity drivers run in (the runs' own) and the pinned sources."""
+    envs = sorted({environment(get_adapter(fw), config) for fw in PARITY})
+    return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources(PARITY, config)
 
 
 def image_inputs(wildcards):
@@ -113,7 +121,7 @@ def final_outputs():
         f"{RESULTS}/{layout.REPORT}/throughput.csv",
         f"{RESULTS}/{layout.REPORT}/reward_curve.png",
         f"{RESULTS}/{layout.HISTORY_RECEIPT}",  # every finished pipeline run goes into the history
-    ] + ([f"{RESULTS}/{layout.CONFORMANCE}"] if CONFORMING else [])
+    ] + ([f"{RESULTS}/{layout.CONFORMANCE}"] if CONFORMING else []) + ([f"{RESULTS}/{layout.PARITY}"] if PARITY else [])
 
 
 def stop_without_scheduler():

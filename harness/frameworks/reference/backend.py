@@ -207,7 +207,7 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
     for frozen in (rollout, ref):
         frozen.eval().requires_grad_(False)
     trainer.train()
-    optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
+    optimizer = make_optimizer(trainer, rc)
     clock = _Clock(device)
     peak = _peak(device, trainer)
     rng = random.Random(seed)
@@ -238,51 +238,78 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
         ))
 
 
-def _iteration(step: int, batch: list[dict], trainer: Decoder, rollout: Decoder, ref: Decoder,
-               tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer, rc: dict, clock: _Clock,
-               device: torch.device, slowdown: float, shared: SharedReward) -> dict:
+def make_optimizer(trainer: Decoder, rc: dict) -> torch.optim.Optimizer:
+    """The trainer's optimizer: AdamW at remax.lr, PyTorch's defaults otherwise (betas 0.9/0.999, eps 1e-8, weight
+    decay 0.01)."""
+    return torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])
+
+
+def rollout(model: Decoder, tokenizer: PreTrainedTokenizerBase, batch: list[dict], rc: dict, device: torch.device,
+            shared: SharedReward) -> dict:
+    """One ReMax rollout of `batch` (rows of the task): n sampled responses per prompt and one greedy response per
+    prompt (the baseline), each scored by the shared reward. The prompts are left-padded `ids`/`attn`, once per prompt;
+    `response`/`mask` are the sampled rows (each prompt's n together), `baselines` the greedy reward per sampled row."""
     n = rc["rollout_n"]
     prompts = [r["prompt"] for r in batch]
-    t_start, cpu_start, busy_start = clock.now(), clock.cpu_now(), clock.machine_busy()
-
-    ids, attn, responses = _generate(rollout, tokenizer, prompts, n=n, greedy=True, remax_cfg=rc, device=device)
-    t_gen = clock.now()
-
+    ids, attn, responses = _generate(model, tokenizer, prompts, n=n, greedy=True, remax_cfg=rc, device=device)
     sampled = len(prompts) * n
     masks = remax.response_mask(responses, tokenizer.eos_token_id)
-    response, mask, greedy_mask = responses[:sampled], masks[:sampled], masks[sampled:]
     answers = [r["answer"] for r in batch]
     sample_answers = [a for a in answers for _ in range(n)]
     texts = _decode(tokenizer, responses, masks)
     samples = texts[:sampled]
     # Samples and greedy baselines in one call: one forward pass when the shared reward is a model.
     scored = shared.score([p for p in prompts for _ in range(n)] + prompts, texts, sample_answers + answers)
-    scores, baselines = torch.tensor(scored[:len(samples)]), torch.tensor(scored[len(samples):])
-    task_accuracy = sum(map(reward.correct, samples, sample_answers)) / len(samples)
-    baselines_per_sample = baselines.repeat_interleave(n).to(device)
-    scores = scores.to(device)
+    baselines = torch.tensor(scored[sampled:])
+    return {"ids": ids, "attn": attn, "n": n, "response": responses[:sampled], "mask": masks[:sampled],
+            "greedy_mask": masks[sampled:], "scores": torch.tensor(scored[:sampled]).to(device),
+            "baselines": baselines.repeat_interleave(n).to(device), "greedy_scores": baselines,
+            "task_accuracy": sum(map(reward.correct, samples, sample_answers)) / len(samples)}
 
-    with torch.no_grad():
-        ref_logprobs = response_logprobs(ref, ids, attn, response, n)
-    t_train = clock.now()
-    logprobs = response_logprobs(trainer, ids, attn, response, n)
+
+def update(trainer: Decoder, optimizer: torch.optim.Optimizer, batch: dict, ref_logprobs: torch.Tensor,
+           rc: dict) -> dict:
+    """The ReMax update on a rollout (`rollout`'s dict) whose reference-policy log-probs are `ref_logprobs`: the
+    trainer's log-probs, the KL in the reward, REINFORCE's advantage against the greedy baseline, the token-mean loss,
+    backward, the gradient clip and one optimizer step. Returns what it computed (the parity check compares it with
+    each framework's own update on the same batch: harness/parity.py)."""
+    mask = batch["mask"]
+    logprobs = response_logprobs(trainer, batch["ids"], batch["attn"], batch["response"], batch["n"])
     kl = (logprobs.detach() - ref_logprobs) * mask
-    rewards = remax.token_level_rewards(scores, kl, mask, rc["kl_coef"])
-    advantages = remax.remax_advantages(rewards, baselines_per_sample, mask)
+    rewards = remax.token_level_rewards(batch["scores"], kl, mask, rc["kl_coef"])
+    advantages = remax.remax_advantages(rewards, batch["baselines"], mask)
     loss = remax.policy_gradient_loss(logprobs, advantages, mask)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(trainer.parameters(), rc["grad_clip"])
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainer.parameters(), rc["grad_clip"])
     optimizer.step()
+    return {"logprobs": logprobs.detach(), "kl": kl, "advantages": advantages, "loss": loss.detach(),
+            "grad_norm": grad_norm}
+
+
+def _iteration(step: int, batch: list[dict], trainer: Decoder, rollout_model: Decoder, ref: Decoder,
+               tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer, rc: dict, clock: _Clock,
+               device: torch.device, slowdown: float, shared: SharedReward) -> dict:
+    n = rc["rollout_n"]
+    t_start, cpu_start, busy_start = clock.now(), clock.cpu_now(), clock.machine_busy()
+
+    rolled = rollout(rollout_model, tokenizer, batch, rc, device, shared)
+    t_gen = clock.now()
+
+    with torch.no_grad():
+        ref_logprobs = response_logprobs(ref, rolled["ids"], rolled["attn"], rolled["response"], n)
+    t_train = clock.now()
+    updated = update(trainer, optimizer, rolled, ref_logprobs, rc)
     t_transition = clock.now()
 
-    _sync_weights(trainer, rollout)
+    _sync_weights(trainer, rollout_model)
     t_synced = clock.now()
     if slowdown:  # lands in the step's "other" time, not in any phase
         _busy_wait(slowdown * (t_synced - t_start))
     t_end, cpu_end, busy_end = clock.now(), clock.cpu_now(), clock.machine_busy()
     probe = clock.probe()
 
+    mask = rolled["mask"]
     response_tokens = mask.sum().item()
     return {
         "step": step,
@@ -293,13 +320,13 @@ def _iteration(step: int, batch: list[dict], trainer: Decoder, rollout: Decoder,
         "time_gen_s": t_gen - t_start,
         "time_train_s": t_transition - t_train,
         "time_transition_s": t_synced - t_transition,
-        "tokens_prompt": attn.sum().item() * n,
+        "tokens_prompt": rolled["attn"].sum().item() * n,
         "tokens_response": response_tokens,
-        "tokens_baseline": greedy_mask.sum().item(),
-        "reward_mean": scores.mean().item(),
-        "reward_baseline_mean": baselines.mean().item(),
-        "task_accuracy_mean": task_accuracy,
-        "kl_mean": (kl.sum(-1)).mean().item(),
+        "tokens_baseline": rolled["greedy_mask"].sum().item(),
+        "reward_mean": rolled["scores"].mean().item(),
+        "reward_baseline_mean": rolled["greedy_scores"].mean().item(),
+        "task_accuracy_mean": rolled["task_accuracy"],
+        "kl_mean": (updated["kl"].sum(-1)).mean().item(),
         "response_length_mean": response_tokens / len(mask),
-        "loss": loss.item(),
+        "loss": updated["loss"].item(),
     }

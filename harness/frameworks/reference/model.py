@@ -197,3 +197,25 @@ def response_logprobs(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, r
                       torch.ones_like(response[:, :-1], dtype=torch.bool), context)
     logits = torch.cat([first[:, None], rest], 1).float()
     return torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
+
+
+def unpacked(decoder: Decoder, model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The decoder's weights under the Transformers model's own names and shapes (`model`: the checkpoint it was
+    packed from, or one of the same config), the inverse of the packing in Decoder.__init__: a checkpoint
+    (save_pretrained) of a trained decoder, and the names every framework's weights are compared under."""
+    names = dict(model.named_parameters())
+    out = {"model.embed_tokens.weight": decoder.embed, "model.norm.weight": decoder.norm}
+    if decoder.head is not None:
+        out["lm_head.weight"] = decoder.head
+    for i, packed in enumerate(cast("list[torch.nn.ParameterDict]", decoder.layers)):
+        prefix = f"model.layers.{i}."
+        out[prefix + "input_layernorm.weight"] = packed["norm_attn"]
+        out[prefix + "post_attention_layernorm.weight"] = packed["norm_mlp"]
+        for name, paths in _PACKING.items():
+            for kind in ("weight", "bias"):
+                if (name if kind == "weight" else name + "_bias") not in packed:
+                    continue
+                parts = packed[name if kind == "weight" else name + "_bias"].split(
+                    [names[f"{prefix}{p}.{kind}"].shape[0] for p in paths])
+                out.update({f"{prefix}{p}.{kind}": t for p, t in zip(paths, parts)})
+    return {k: v.detach().clone() for k, v in out.items()}

@@ -1,0 +1,420 @@
+"""Update parity: does each framework perform the same ReMax update as the reference, on one fixed batch?
+
+Conformance (harness/conformance.py) checks a framework's advantage function on shared vectors; the throughput table
+compares whole steps. Between them lies everything a framework does to turn an advantage into new weights: the
+log-probs of the sampled tokens, where the KL term sits, how the loss is aggregated, the gradient clip and the
+optimizer. Here the reference writes one batch (`write_batch`), each framework's own training code makes one update
+from it in its own environment (the adapter's `parity` driver), and `compare` sets every quantity beside the
+reference's, with the tolerance its precision allows and, where the difference has a known cause, the cause.
+
+The batch (a folder, `write_batch`):
+- actor/: the policy the update starts from (a Transformers checkpoint with its tokenizer): the shared initial policy
+  after WARM_STEPS reference updates, so that the actor is not the KL anchor and the KL term is not zero;
+- ref/: the shared initial policy, the KL anchor (a copy: the folder is whole on its own);
+- batch.pt (torch.save; torch.load(weights_only=True) reads it): `input_ids` and `attention_mask` (rows, P + T): each
+  sampled row's prompt, left-padded to P = `prompt_length` tokens, then its response, right-padded after its EOS;
+  `response_mask` (rows, T), 1 on response tokens up to and including EOS; `scores` (rows) the shared reward of each
+  sampled response; `baselines` (rows) its prompt's greedy response's reward; `n` sampled responses per prompt (a
+  prompt's rows together); `prompts`, `responses`, `answers`: the texts;
+- settings.json: the config's `remax` block (lr, kl_coef, grad_clip, ...) and the seed.
+
+What a driver writes (torch.save of a dict, the fields of `QUANTITIES` and):
+- `logprobs`, `ref_logprobs`, `advantages`: (rows, T) float32, 0 outside the response mask: the actor's and the
+  reference policy's log-probs of the sampled tokens before the update, and the advantage the loss weights them by;
+- `loss`: the value backpropagated (the sum over micro-batches, as scaled for accumulation);
+- `grad_norm`: the gradient's norm before clipping; `applied_grad_norm`: the norm of the gradient the optimizer
+  step receives (after clipping);
+- `weights`: every parameter after the optimizer step, float32, under the Transformers model's names;
+- `precision`: the dtype the trainer's forward runs in ("fp32" or "bf16"); `calls`: the framework functions that made
+  the update; `settings`: the optimizer and loss settings in effect, as the framework holds them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness import HarnessError
+from harness.io import atomic_path, read_json_object, write_json
+
+if TYPE_CHECKING:
+    import torch
+
+BATCH = "batch.pt"
+SETTINGS = "settings.json"
+ACTOR = "actor"
+REF = "ref"
+OWNER = {"kind": "parity batch"}
+# Reference updates before the batch: one moves the actor off the initial policy (summed KL per response ~0.2 on
+# the cpu-frameworks policy), so that the KL term is not zero.
+WARM_STEPS = 1
+# The batch's settings make every term of the update observable, whatever the run's: a KL coefficient of at least
+# KL_PROBE (at the profiles' 0.001 a dropped KL term moves the advantages by ~2e-4, inside bf16's noise), and a
+# gradient clip at CLIP_PROBE times the reference's gradient norm on the batch, so that every framework's clip acts
+# and the threshold it holds shows in the gradient its optimizer receives (at a clip of 1.0 and a norm of 0.45 none
+# acts, and a wrong threshold passes unseen).
+KL_PROBE = 0.05
+CLIP_PROBE = 0.25
+TENSORS = ("logprobs", "ref_logprobs", "advantages")
+SCALARS = ("loss", "grad_norm", "applied_grad_norm")
+
+
+def _reference_models(policy: Path) -> tuple[Any, Any, Any]:
+    """The Transformers model, its tokenizer, and a reference Decoder of it."""
+    from harness.frameworks.reference.model import Decoder
+    from harness.inputs.policy import load_policy
+
+    model, tokenizer = load_policy(policy)
+    return model, tokenizer, Decoder(model)
+
+
+def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
+    """The parity batch of this config's shared inputs (module docstring): WARM_STEPS reference updates from the
+    initial policy, then one rollout of `remax.train_batch_size` prompts from the updated policy, as a step samples."""
+    import random
+
+    import torch
+
+    from harness.frameworks.reference.backend import make_optimizer, rollout, update
+    from harness.frameworks.reference.model import response_logprobs, unpacked
+    from harness.inputs import resolve_inputs, task
+    from harness.inputs.policy import seed_everything
+    from harness.reward.shared import load_shared_reward
+
+    inputs = resolve_inputs(inputs_dir)
+    rc, seed = config["remax"], config["seeds"][0]
+    seed_everything(seed)
+    rows = task.read_dataset(inputs["dataset"]["path"])["train"]
+    shared = load_shared_reward(inputs["reward"], device="cpu", batch_size=config["reward"]["batch_size"],
+                                max_length=config["reward"]["max_length"])
+    model, tokenizer, trainer = _reference_models(Path(inputs["policy"]["path"]))
+    _, _, ref = _reference_models(Path(inputs["policy"]["path"]))
+    ref.requires_grad_(False)
+    optimizer = make_optimizer(trainer, rc)
+    rng = random.Random(seed)
+    for _ in range(WARM_STEPS):
+        rolled = rollout(trainer, tokenizer, rng.sample(rows, rc["train_batch_size"]), rc, torch.device("cpu"), shared)
+        with torch.no_grad():
+            ref_logprobs = response_logprobs(ref, rolled["ids"], rolled["attn"], rolled["response"], rolled["n"])
+        update(trainer, optimizer, rolled, ref_logprobs, rc)
+    chosen = rng.sample(rows, rc["train_batch_size"])
+    with torch.no_grad():
+        rolled = rollout(trainer, tokenizer, chosen, rc, torch.device("cpu"), shared)
+    n, mask = rolled["n"], rolled["mask"]
+    prompt_ids, prompt_mask = rolled["ids"].repeat_interleave(n, 0), rolled["attn"].repeat_interleave(n, 0)
+    response = torch.where(mask.bool(), rolled["response"], tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode([r[:int(k)] for r, k in zip(response.tolist(), mask.sum(-1).tolist())],
+                                   skip_special_tokens=True)
+    weights = unpacked(trainer, model)
+    with torch.no_grad():  # named_parameters, not the state dict: a tied head is one parameter
+        for name, param in model.named_parameters():
+            param.copy_(weights[name])
+    with atomic_path(dest, owner=OWNER) as tmp:
+        tmp.mkdir()
+        model.save_pretrained(tmp / ACTOR)
+        tokenizer.save_pretrained(tmp / ACTOR)
+        shutil.copytree(inputs["policy"]["path"], tmp / REF, symlinks=False)
+        torch.save({"input_ids": torch.cat([prompt_ids, response], 1),
+                    "attention_mask": torch.cat([prompt_mask, mask.long()], 1),
+                    "response_mask": mask.float(), "prompt_length": prompt_ids.shape[1],
+                    "scores": rolled["scores"].float(), "baselines": rolled["baselines"].float(), "n": n,
+                    "prompts": [r["prompt"] for r in chosen for _ in range(n)], "responses": texts,
+                    "answers": [r["answer"] for r in chosen for _ in range(n)]}, tmp / BATCH)
+        probe = {**rc, "kl_coef": max(rc["kl_coef"], KL_PROBE)}
+        write_json(tmp / SETTINGS, {"remax": probe, "seed": seed, "warm_steps": WARM_STEPS})
+        norm = reference_update(tmp, remax={**probe, "grad_clip": math.inf})["grad_norm"]
+        write_json(tmp / SETTINGS, {"remax": {**probe, "grad_clip": float(f"{CLIP_PROBE * norm:.3g}")},
+                                    "seed": seed, "warm_steps": WARM_STEPS,
+                                    "run_settings": {k: rc[k] for k in ("kl_coef", "grad_clip")}})
+
+
+def read_batch(folder: str | Path) -> tuple[dict, dict]:
+    """The batch's tensors and its settings; bad or missing files are named."""
+    import torch
+
+    folder = Path(folder)
+    for part in (BATCH, SETTINGS, ACTOR, REF):
+        if not (folder / part).exists():
+            raise HarnessError(f"{folder}: not a parity batch (no {part}; `remax-bench parity` writes one)")
+    try:
+        batch = torch.load(folder / BATCH, weights_only=True)
+    except Exception as e:  # torch raises many kinds for a damaged or foreign file
+        raise HarnessError(f"{folder / BATCH}: not a parity batch ({type(e).__name__}: {e})") from None
+    return batch, read_json_object(folder / SETTINGS, "a parity batch's settings")
+
+
+def grad_norm_hook(optimizer: torch.optim.Optimizer, record: dict) -> None:
+    """Record, at each step of `optimizer`, the norm of the gradient it receives (after any clipping) as
+    record['applied_grad_norm']: the seam every driver observes the applied gradient at."""
+    import torch
+
+    def hook(opt: torch.optim.Optimizer, *_: Any) -> None:
+        grads = [p.grad.float().norm() for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        record["applied_grad_norm"] = float(torch.stack(grads).norm()) if grads else 0.0
+    optimizer.register_step_pre_hook(hook)
+
+
+def reference_update(folder: str | Path, remax: dict | None = None) -> dict:
+    """The reference backend's update on the batch (reference/backend.update), in the drivers' output form; under
+    the batch's settings, or `remax` where given."""
+    import torch
+
+    from harness.frameworks.reference.backend import make_optimizer, update
+    from harness.frameworks.reference.model import response_logprobs, unpacked
+
+    folder = Path(folder)
+    batch, settings = read_batch(folder)
+    rc = remax or settings["remax"]
+    model, _, trainer = _reference_models(folder / ACTOR)
+    _, _, ref = _reference_models(folder / REF)
+    n, width = batch["n"], batch["prompt_length"]
+    ids, attn = batch["input_ids"][::n, :width], batch["attention_mask"][::n, :width]
+    rolled = {"ids": ids, "attn": attn, "n": n, "response": batch["input_ids"][:, width:],
+              "mask": batch["response_mask"], "scores": batch["scores"], "baselines": batch["baselines"]}
+    with torch.no_grad():
+        ref_logprobs = response_logprobs(ref, ids, attn, rolled["response"], n)
+    optimizer = make_optimizer(trainer, rc)
+    record: dict = {}
+    grad_norm_hook(optimizer, record)
+
+    out = update(trainer, optimizer, rolled, ref_logprobs, rc)
+    mask = batch["response_mask"]
+    return {"logprobs": out["logprobs"] * mask, "ref_logprobs": ref_logprobs * mask, "advantages": out["advantages"],
+            "loss": float(out["loss"]), "grad_norm": float(out["grad_norm"]), **record,
+            "weights": unpacked(trainer, model), "precision": "fp32",
+            "calls": ["harness.frameworks.reference.backend.update"],
+            "settings": {"optimizer": "torch.optim.AdamW", "lr": rc["lr"], "betas": [0.9, 0.999], "eps": 1e-8,
+                         "weight_decay": 0.01, "loss": "token mean over the batch", "grad_clip": rc["grad_clip"],
+                         "kl": f"in the reward, k1, coefficient {rc['kl_coef']}"}}
+
+
+def run_driver(python: Path, driver: Path, batch: Path, out: Path, args: list[str], framework: str) -> None:
+    """Run a framework's parity driver (`python driver --batch B --out O ARGS...`) in its environment: the update it
+    writes to `out`, checked; its stderr's tail in the error where it fails."""
+    from harness.runtime.envs import REPO
+
+    proc = subprocess.run([str(python), str(driver), "--batch", str(batch), "--out", str(out), *args],
+                          capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    if proc.returncode:
+        raise HarnessError(f"{framework}: its parity driver ({driver.relative_to(REPO)}) failed in {python}:\n"
+                           f"{(proc.stderr or proc.stdout)[-3000:]}")
+    read_update(out)
+
+
+def read_update(path: str | Path) -> dict:
+    """A driver's output, checked for the fields `compare` reads."""
+    import torch
+
+    path = Path(path)
+    try:
+        out = torch.load(path, weights_only=True)
+    except Exception as e:
+        raise HarnessError(f"{path}: not a parity update ({type(e).__name__}: {e})") from None
+    missing = [k for k in (*TENSORS, *SCALARS, "weights", "precision") if k not in out]
+    if missing:
+        raise HarnessError(f"{path}: a parity update without {', '.join(missing)}")
+    return out
+
+
+def save_update(out: dict, path: str | Path) -> None:
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(out, tmp)
+
+
+
+# What each quantity may differ by and still be the same update, by the precision the framework's trainer forward runs
+# in (the reference runs in fp32). fp32: another kernel's summation order (~1e-6 relative per op over a few layers);
+# bf16: 8 bits of mantissa (2**-8 relative per op). Log-probs and advantages are absolute (nats, reward units; an
+# advantage carries kl_coef times a sum of T log-prob errors); the rest relative. The update is the weights after
+# the step minus before: with Adam's first step (lr times the gradient's sign where |g| >> eps) a noisy gradient
+# element whose sign flips moves its update by 2 lr, so its tolerance is a fraction of the update's norm.
+TOLERANCE = {
+    "fp32": {"logprobs": 1e-4, "loss": 1e-4, "grad_norm": 1e-3, "update": 0.05},
+    "bf16": {"logprobs": 0.1, "loss": 0.05, "grad_norm": 0.05, "update": 0.5},
+}
+QUANTITIES = ("logprobs", "ref_logprobs", "advantages", "loss", "grad_norm", "applied_grad_norm", "update")
+
+
+def _tolerance(precision: str, quantity: str, kl_coef: float, width: int) -> float:
+    tol = TOLERANCE.get(precision, TOLERANCE["bf16"])
+    if quantity in ("logprobs", "ref_logprobs"):
+        return tol["logprobs"]
+    if quantity == "advantages":  # a KL-in-reward return sums up to `width` per-token KL errors
+        return kl_coef * width * 2 * tol["logprobs"] + 1e-5
+    return tol["grad_norm" if quantity == "applied_grad_norm" else quantity]
+
+
+def _advantage_causes(batch: dict, ref: dict, rc: dict) -> dict[str, torch.Tensor]:
+    """The advantages of ReMax variants a framework might compute, from the reference's own log-probs: each names a
+    cause of an advantage difference."""
+    from harness.remax import remax_advantages, token_level_rewards
+
+    mask, kl = batch["response_mask"], ref["logprobs"] - ref["ref_logprobs"]
+
+    def adv(coef: float) -> torch.Tensor:
+        return remax_advantages(token_level_rewards(batch["scores"], kl * mask, mask, coef), batch["baselines"], mask)
+    return {"the KL term is left out of the reward": adv(0.0),
+            "the KL term's sign is flipped (the reward adds the KL)": adv(-rc["kl_coef"]),
+            f"the KL coefficient is {rc['kl_coef'] * 10:g}, not {rc['kl_coef']:g}": adv(rc["kl_coef"] * 10),
+            f"the KL coefficient is {rc['kl_coef'] / 10:g}, not {rc['kl_coef']:g}": adv(rc["kl_coef"] / 10)}
+
+
+def _loss_forms(batch: dict, theirs: dict) -> dict[str, float]:
+    """The loss value under each aggregation in use in the field (verl's loss_agg_mode names), from the framework's
+    own advantages, as REINFORCE's -A log pi or as PPO's surrogate -A ratio at ratio 1 (the first update on a batch)."""
+    mask = batch["response_mask"]
+    lengths = mask.sum(-1).clamp(min=1)
+    forms = {}
+    for surrogate, per_token in (("", -theirs["advantages"] * theirs["logprobs"] * mask),
+                                 (" (PPO's surrogate, -A x ratio at ratio 1)", -theirs["advantages"] * mask)):
+        forms["token mean" + surrogate] = float(per_token.sum() / mask.sum())
+        forms["sequence mean of token means" + surrogate] = float((per_token.sum(-1) / lengths).mean())
+        forms["sequence mean of token sums" + surrogate] = float(per_token.sum(-1).mean())
+        forms["token sum" + surrogate] = float(per_token.sum())
+        forms[f"token sum / (rows x {mask.shape[1]}) (Dr. GRPO's constant)" + surrogate] = float(
+            per_token.sum() / mask.numel())
+    return forms
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def compare(framework: str, theirs: dict, ref: dict, batch: dict, settings: dict, start: dict) -> list[dict]:
+    """One row per quantity of QUANTITIES: the framework's update against the reference's on the same batch
+    (`start`: the weights before the step). Verdicts: match (within tolerance), explained (beyond it, for a named
+    cause that leaves the update as it is), differs (beyond it; the cause where one is known)."""
+    import torch
+
+    rc = settings["remax"]
+    mask = batch["response_mask"].bool()
+    precision = str(theirs["precision"])
+    width = mask.shape[1]
+    rows = []
+
+    def row(quantity: str, diff: float, value: float | None, reference: float | None, relative: bool,
+            verdict: str | None = None, note: str = "") -> None:
+        tol = _tolerance(precision, quantity, rc["kl_coef"], width)
+        rows.append({"framework": framework, "quantity": quantity, "precision": precision, "value": value,
+                     "reference": reference, "difference": diff, "relative": relative, "tolerance": tol,
+                     "verdict": verdict or ("match" if diff <= tol else "differs"), "note": note})
+
+    for quantity in TENSORS:
+        diff = float((theirs[quantity].float() - ref[quantity]).abs()[mask].max())
+        note = ""
+        if quantity == "advantages" and diff > _tolerance(precision, quantity, rc["kl_coef"], width):
+            found = [cause for cause, adv in _advantage_causes(batch, ref, rc).items()
+                     if float((theirs[quantity].float() - adv).abs()[mask].max())
+                     <= _tolerance(precision, quantity, rc["kl_coef"], width)]
+            note = found[0] if found else "no known ReMax variant gives these advantages"
+        row(quantity, diff, None, None, False, note=note)
+
+    forms = _loss_forms(batch, theirs)
+    loss_tol = _tolerance(precision, "loss", rc["kl_coef"], width)
+    loss_diff = _rel(float(theirs["loss"]), float(ref["loss"]))
+    if loss_diff <= loss_tol:
+        row("loss", loss_diff, float(theirs["loss"]), float(ref["loss"]), True)
+    else:
+        named = [form for form, value in forms.items() if _rel(float(theirs["loss"]), value) <= loss_tol]
+        surrogate = bool(named) and "surrogate" in named[0] and named[0].startswith("token mean")
+        row("loss", loss_diff, float(theirs["loss"]), float(ref["loss"]), True,
+            verdict="explained" if surrogate else "differs",
+            note=(f"{named[0]} against the reference's token mean of -A log pi" + (
+                ": the same gradient (d ratio = d log pi at ratio 1), another value" if surrogate else "")
+                  if named else "no known aggregation gives this value"))
+
+    for quantity in ("grad_norm", "applied_grad_norm"):
+        diff = _rel(float(theirs[quantity]), float(ref[quantity]))
+        note = ""
+        if quantity == "applied_grad_norm" and diff > _tolerance(precision, quantity, rc["kl_coef"], width):
+            applied, before = float(theirs[quantity]), float(theirs["grad_norm"])
+            note = (f"not clipped (the applied norm is the norm before the clip, {before:.4g}), where the batch's clip "
+                    f"is {rc['grad_clip']:g}" if _rel(applied, before) <= 1e-3 else
+                    f"clipped to {applied:.4g}, where the batch's clip is {rc['grad_clip']:g}")
+        row(quantity, diff, float(theirs[quantity]), float(ref[quantity]), True, note=note)
+
+    ours, theirs_update = [], []
+    for name, before in start.items():
+        if name not in theirs["weights"]:
+            raise HarnessError(f"{framework}: its parity update has no weight {name!r} (it has "
+                               f"{', '.join(sorted(theirs['weights'])[:5])} ...)")
+        ours.append((ref["weights"][name] - before).flatten())
+        theirs_update.append((theirs["weights"][name].float() - before).flatten())
+    d_ref, d_fw = torch.cat(ours), torch.cat(theirs_update)
+    diff = float((d_fw - d_ref).norm() / d_ref.norm().clamp(min=1e-12))
+    cosine = float(torch.nn.functional.cosine_similarity(d_fw, d_ref, dim=0))
+    ratio = float(d_fw.norm() / d_ref.norm().clamp(min=1e-12))
+    row("update", diff, float(d_fw.norm()), float(d_ref.norm()), True,
+        note=f"cosine {cosine:.4f}, norm ratio {ratio:.4f}" + _setting_differences(theirs, ref))
+    return rows
+
+
+OPTIMIZER_SETTINGS = ("lr", "betas", "eps", "weight_decay")
+
+
+def _setting_differences(theirs: dict, ref: dict) -> str:
+    mine, other = ref.get("settings", {}), theirs.get("settings", {})
+    differ = [f"{k} {other[k]} against {mine[k]}" for k in OPTIMIZER_SETTINGS
+              if k in other and k in mine and str(other[k]) != str(mine[k])]
+    return f"; optimizer settings that differ: {', '.join(differ)}" if differ else ""
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per framework: the quantities that match, then the first that does not, with its cause."""
+    first = next((r for r in rows if r["verdict"] in ("differs", "failed")), None)
+    same = [r["quantity"] for r in rows[:rows.index(first)]] if first else [r["quantity"] for r in rows]
+    head = f"{', '.join(same)} equal" if same else "nothing equal"
+    if first is None:
+        return f"the same update: {head}"
+    if first["verdict"] == "failed":
+        return f"its driver failed: {first['note']}"
+    note = first["note"] if isinstance(first["note"], str) else ""  # read back from the CSV, an empty note is NaN
+    return f"{head}; {first['quantity']} differs" + (f": {note}" if note else "")
+
+
+COLUMNS = ["framework", "quantity", "precision", "value", "reference", "difference", "relative", "tolerance",
+           "verdict", "note"]
+TABLE = "parity.csv"
+UPDATES = "updates"  # each framework's update (the driver's file), and the reference's
+
+
+def check(config: dict, inputs_dir: str | Path, out_dir: str | Path, frameworks: list[str] | None = None) -> list[dict]:
+    """The parity check of every configured framework with a parity driver (or of `frameworks`): the batch, each
+    framework's update from it, and the table (TABLE) of every quantity against the reference's, in `out_dir`. A
+    framework whose driver fails gets one row, verdict "failed", with the error."""
+    from harness.frameworks import get_adapter
+    from harness.inputs.policy import load_policy
+
+    names = frameworks or [fw for fw in config["frameworks"] if get_adapter(fw).parity is not None]
+    for fw in names:
+        if get_adapter(fw).parity is None:
+            raise HarnessError(f"{fw}: its adapter has no parity driver (Adapter.parity)")
+    with atomic_path(out_dir, owner={"kind": "parity check"}) as tmp:
+        tmp.mkdir()
+        write_batch(config, inputs_dir, tmp / "batch")
+        batch, settings = read_batch(tmp / "batch")
+        model, _ = load_policy(tmp / "batch" / ACTOR)
+        start = {name: p.detach().float().clone() for name, p in model.named_parameters()}
+        ref = reference_update(tmp / "batch")
+        (tmp / UPDATES).mkdir()
+        save_update(ref, tmp / UPDATES / "reference.pt")
+        rows: list[dict] = []
+        for fw in names:
+            out = tmp / UPDATES / f"{fw}.pt"
+            try:
+                get_adapter(fw).parity(config, tmp / "batch", out)  # type: ignore[misc]
+                rows += compare(fw, read_update(out), ref, batch, settings, start)
+            except HarnessError as e:
+                rows.append({**dict.fromkeys(COLUMNS), "framework": fw, "quantity": "update", "verdict": "failed",
+                             "note": str(e)[-2000:]})
+        import pandas as pd
+
+        pd.DataFrame(rows, columns=COLUMNS).to_csv(tmp / TABLE, index=False)
+    return rows
