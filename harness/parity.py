@@ -9,7 +9,8 @@ reference's, with the tolerance its precision allows and, where the difference h
 
 The batch (a folder, `write_batch`):
 - actor/: the policy the update starts from (a Transformers checkpoint with its tokenizer): the shared initial policy
-  after WARM_STEPS reference updates, so that the actor is not the KL anchor and the KL term is not zero;
+  after reference updates (`warm_steps` in settings.json) that take it KL_TARGET from the initial policy, so that
+  the actor is not the KL anchor and the KL term weighs;
 - ref/: the shared initial policy, the KL anchor (a copy: the folder is whole on its own);
 - batch.pt (torch.save; torch.load(weights_only=True) reads it): `input_ids` and `attention_mask` (rows, P + T): each
   sampled row's prompt, left-padded to P = `prompt_length` tokens, then its response, right-padded after its EOS;
@@ -49,9 +50,12 @@ SETTINGS = "settings.json"
 ACTOR = "actor"
 REF = "ref"
 OWNER = {"kind": "parity batch"}
-# Reference updates before the batch: one moves the actor off the initial policy (summed KL per response ~0.2 on
-# the cpu-frameworks policy), so that the KL term is not zero.
-WARM_STEPS = 1
+# Reference updates before the batch, until a step's rollout finds the actor KL_TARGET (mean summed KL per response)
+# from the initial policy, or MAX_WARM_STEPS of them: two on the cpu-frameworks profile (128 prompts a step), more
+# where a step moves the policy less. With the actor at the initial policy the KL term would be exactly 0, and a
+# framework that dropped it or flipped its sign would pass.
+KL_TARGET = 0.1
+MAX_WARM_STEPS = 50
 # The batch's settings make every term of the update observable, whatever the run's: a KL coefficient of at least
 # KL_PROBE (at the profiles' 0.001 a dropped KL term moves the advantages by ~2e-4, inside bf16's noise), and a
 # gradient clip at CLIP_PROBE times the reference's gradient norm on the batch, so that every framework's clip acts
@@ -73,8 +77,8 @@ def _reference_models(policy: Path) -> tuple[Any, Any, Any]:
 
 
 def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
-    """The parity batch of this config's shared inputs (module docstring): WARM_STEPS reference updates from the
-    initial policy, then one rollout of `remax.train_batch_size` prompts from the updated policy, as a step samples."""
+    """The parity batch of this config's shared inputs (module docstring): reference updates from the initial policy
+    until it is KL_TARGET away, then one rollout of `remax.train_batch_size` prompts from the updated policy, as a step samples."""
     import random
 
     import torch
@@ -96,11 +100,12 @@ def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
     ref.requires_grad_(False)
     optimizer = make_optimizer(trainer, rc)
     rng = random.Random(seed)
-    for _ in range(WARM_STEPS):
+    for warm_steps in range(1, MAX_WARM_STEPS + 1):
         rolled = rollout(trainer, tokenizer, rng.sample(rows, rc["train_batch_size"]), rc, torch.device("cpu"), shared)
         with torch.no_grad():
             ref_logprobs = response_logprobs(ref, rolled["ids"], rolled["attn"], rolled["response"], rolled["n"])
-        update(trainer, optimizer, rolled, ref_logprobs, rc)
+        if float(update(trainer, optimizer, rolled, ref_logprobs, rc)["kl"].sum(-1).mean()) >= KL_TARGET:
+            break
     chosen = rng.sample(rows, rc["train_batch_size"])
     with torch.no_grad():
         rolled = rollout(trainer, tokenizer, chosen, rc, torch.device("cpu"), shared)
@@ -125,10 +130,10 @@ def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
                     "prompts": [r["prompt"] for r in chosen for _ in range(n)], "responses": texts,
                     "answers": [r["answer"] for r in chosen for _ in range(n)]}, tmp / BATCH)
         probe = {**rc, "kl_coef": max(rc["kl_coef"], KL_PROBE)}
-        write_json(tmp / SETTINGS, {"remax": probe, "seed": seed, "warm_steps": WARM_STEPS})
+        write_json(tmp / SETTINGS, {"remax": probe, "seed": seed, "warm_steps": warm_steps})
         norm = reference_update(tmp, remax={**probe, "grad_clip": math.inf})["grad_norm"]
         write_json(tmp / SETTINGS, {"remax": {**probe, "grad_clip": float(f"{CLIP_PROBE * norm:.3g}")},
-                                    "seed": seed, "warm_steps": WARM_STEPS,
+                                    "seed": seed, "warm_steps": warm_steps,
                                     "run_settings": {k: rc[k] for k in ("kl_coef", "grad_clip")}})
 
 
@@ -393,6 +398,9 @@ def check(config: dict, inputs_dir: str | Path, out_dir: str | Path, frameworks:
     from harness.inputs.policy import load_policy
 
     names = frameworks or [fw for fw in config["frameworks"] if get_adapter(fw).parity is not None]
+    if not names:
+        raise HarnessError(f"frameworks: none of {', '.join(config['frameworks'])} has a parity driver (Adapter.parity): "
+                           "nothing to compare with the reference")
     for fw in names:
         if get_adapter(fw).parity is None:
             raise HarnessError(f"{fw}: its adapter has no parity driver (Adapter.parity)")
