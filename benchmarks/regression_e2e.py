@@ -40,9 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 # The fault, applied to harness/frameworks/reference/backend.py in the slower clone: right after the step's
 # reference forward pass, another one over the first prompts of the batch (and their responses) whose result nobody
 # uses.
-ANCHOR = "        ref_logprobs = response_logprobs(ref, ids, attn, response, n)\n"
-FAULT = ("        rows = max(1, round(len(ids) * {fraction}))\n"
-         "        response_logprobs(ref, ids[:rows], attn[:rows], response[:rows * n], n)\n")
+ANCHOR = '        ref_logprobs = response_logprobs(ref, rolled["ids"], rolled["attn"], rolled["response"], n)\n'
+FAULT = ('        rows = max(1, round(len(rolled["ids"]) * {fraction}))\n'
+         '        response_logprobs(ref, rolled["ids"][:rows], rolled["attn"][:rows],\n'
+         '                          rolled["response"][:rows * n], n)\n')
 
 
 def snakemake(workdir: Path, configfiles: list[Path], *targets: str, forcerun: bool, harness: Path = REPO) -> int:

@@ -23,8 +23,8 @@ from harness.runs.reproduce_comparison import RECORD
 sys.path.insert(0, str(REPO / "scripts"))
 import browser_check
 
-LR_LINE = ('optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])',
-           'optimizer = torch.optim.AdamW(trainer.parameters(), lr=rc["lr"] * 0.1)')
+LR_LINE = ('return torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])',
+           'return torch.optim.AdamW(trainer.parameters(), lr=rc["lr"] * 0.1)')
 
 
 @pytest.fixture(scope="module")
