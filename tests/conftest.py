@@ -53,6 +53,24 @@ def tiny_cpu_config(**policy) -> dict:
     return raw
 
 
+def parity_config(checkout: str | None) -> dict:
+    """The cpu-frameworks profile shrunk for the parity check: 8 prompts a step, one sample each (ReMax's own shape,
+    which DeepSpeed-Chat requires), one micro-batch; DeepSpeed-Chat where its checkout is given."""
+    raw = tiny_cpu_config()
+    # An SFT long enough that no sampled response holds the pad token (5 steps left it in 1 of 8: a framework that
+    # masks pad tokens then trains on fewer tokens than the reference, a difference of the batch, not of the update)
+    raw["task"]["n_train"] = 1024
+    raw["policy"]["sft"].update(steps=150, batch_size=32)
+    raw["remax"].update(train_batch_size=8, rollout_n=1)
+    raw["verl"]["micro_batch_size_per_gpu"] = 8
+    raw["openrlhf"].update(train_micro_batch_size=8, rollout_micro_batch_size=8)
+    raw["dschat"]["per_device_training_batch_size"] = 8
+    raw["frameworks"] = ["reference", "verl", "openrlhf", "trl"] + (["dschat"] if checkout else [])
+    if checkout:
+        raw["dschat"]["checkout"] = checkout
+    return raw
+
+
 def make_inputs(root, raw: dict):
     """The config written to root/config.yaml, and the shared inputs built from it in root/inputs."""
     from harness.config import load_config

@@ -193,6 +193,9 @@ def test_a_run_is_trained_in_one_place():
 INSIDE_MAY_IMPORT = {
     "harness.reward": set(),  # the shared rule reward and the reward server's client: the standard library only
     "harness.conformance": {"torch"},  # the shared advantage vectors (harness.remax): torch, which every framework has
+    # the parity batch and update files, the applied-gradient hook: harness.io's yaml (torch only inside functions),
+    # which every framework's environment has (Transformers needs it)
+    "harness.parity": {"yaml"},
 }
 INSIDE = re.compile(r"harness\.frameworks\.[^.]+\.inside")
 

@@ -568,3 +568,36 @@ def test_the_step0_table_has_rows_only_for_runs_that_ran(tmp_path):
             Run("trl", 1, status="ok")]
     rows = {r["framework"]: r["text"] for r in step0_view(results, runs, [])}
     assert rows == {"trl": "its evaluation keeps no greedy responses"}
+
+
+def test_the_mismatch_table_gives_each_frameworks_figures_or_why_it_has_none(tmp_path, frameworks):
+    """The rollout/trainer mismatch (#51): per framework, over its runs' measured steps, mean |delta log p| and
+    token_mult_prob_error (mean over steps per run, median over seeds; max over every step), highlighted above
+    NeMo-RL's 1.05; a framework whose runs logged none says why. The summary carries each run's means."""
+    results = tmp_path / "results"
+    config = validate_config({"frameworks": [FAST, FLAT], "seeds": [1, 2], "remax": {"steps": 10, "warmup_steps": 5}})
+    write_json(results / "config.json", config)
+    for seed, (abs_diff, mult) in ((1, (0.01, 1.01)), (2, (0.03, 1.03))):
+        rows = [dict(framework=FAST, framework_version="0", run_id=f"{FAST}-{seed}", seed=seed, step=i,
+                     n_gpus=0, time_step_s=1.0, time_gen_s=0.5, time_transition_s=0.0, time_train_s=0.25,
+                     tokens_prompt=10.0, tokens_response=10.0, tokens_baseline=5.0, reward_mean=0.5,
+                     reward_baseline_mean=0.0, kl_mean=0.0, response_length_mean=1.0,
+                     # a warm-up step far off is left out; seed 1's step 8 is NeMo-RL's case to investigate
+                     rollout_logprob_abs_diff_mean=abs_diff if i > 5 else 3.0,
+                     rollout_token_mult_prob_error=(1.2 if (seed, i) == (1, 8) else mult) if i > 5 else 9.0,
+                     rollout_logprob_diff_mean=-abs_diff) for i in range(1, 11)]
+        write_metrics(to_frame(rows, "synthetic mismatch"), results / "metrics" / FAST / f"seed{seed}.parquet")
+        step_run(results, FLAT, seed, [0.5] * 10)
+    synthetic.report(results)
+    summary = pd.read_csv(results / "summary.csv").set_index("run_id")
+    assert summary.loc[f"{FAST}-1", "rollout_logprob_abs_diff_mean"] == pytest.approx(0.01)
+    assert summary.loc[f"{FAST}-1", "rollout_token_mult_prob_error"] == pytest.approx((4 * 1.01 + 1.2) / 5)
+    assert pd.isna(summary.loc[f"{FLAT}-1", "rollout_token_mult_prob_error"])
+    page = (results / "report" / "index.html").read_text()
+    section = page.split("<h3>Rollout/trainer mismatch</h3>")[1].split("</table>")[0]
+    rows = {fw: row for row in section.split("<tr")[2:] for fw in (FAST, FLAT) if f"<td>{fw}</td>" in row}
+    cells = re.findall(r'<td class="num">(?:<b>)?([^<]*)', rows[FAST])
+    assert cells == ["2", "10", "0.02", f"{((4 * 1.01 + 1.2) / 5 + 1.03) / 2:.4g}", "1.2"]
+    assert rows[FAST].startswith(' class="mismatch"')
+    assert "its runs logged no rollout log-probs" in rows[FLAT] and "mismatch" not in rows[FLAT]
+    assert "NeMo-RL investigates a token_mult_prob_error above 1.05" in page

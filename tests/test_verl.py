@@ -26,6 +26,7 @@ from harness.frameworks.verl import VALIDATE_ENV
 from harness.frameworks.verl.ingest import ingest
 from harness.frameworks.verl.plan import RAW_PROMPT_TEMPLATE, SEED_KEYS, VALIDATION_GENERATIONS, _hydra_value
 from harness.inputs import resolve_reward
+from harness.results import metrics
 from harness.runtime.envs import ensure_env
 from harness.runtime.launch_script import shell_command
 
@@ -85,6 +86,50 @@ def test_ingest_cli_takes_the_run_directory_and_n_gpus(tmp_path):
     assert list(df["step"]) == [1, 2, 3] and set(df["n_gpus"]) == {4}
     # the framework's per-GPU figure is scaled by the GPUs the caller states
     assert df["framework_throughput_tok_s"].iloc[0] == pytest.approx(df["throughput_tok_s"].iloc[0] / 2)
+
+
+# The rollout/trainer mismatch (#51). Step records as verl's FileLogger writes them (verl 0.9.1 utils/tracking.py,
+# FileLogger.log: orjson.dumps({"step": step, "data": data}) + b"\n", compact, NaN as null): the fixture's own lines
+# (made by verl's Tracking, tests/fixtures/verl/make_fixtures.py) with the step's mismatch keys spliced in byte for
+# byte: remax_bench/* from the harness's hook (harness/frameworks/verl/inside/remax_bench_verl_mismatch.py) and
+# verl's own rollout_corr/kl (trainer/ppo/rollout_corr_helper.py, compute_offpolicy_metrics), next to verl's
+# training/rollout_probs_* (utils/debug/metrics.py), which ingest does not read.
+MISMATCH_KEYS = {
+    1: ('"training/rollout_probs_diff_valid":1,"training/rollout_probs_diff_max":0.0123,'
+        '"training/rollout_probs_diff_mean":0.00033,"remax_bench/rollout_logprob_abs_diff_mean":0.0021,'
+        '"remax_bench/rollout_token_mult_prob_error":1.0021087,"rollout_corr/kl":-0.0015,'
+        '"rollout_corr/k3_kl":1.7e-5,'),
+    2: '"remax_bench/rollout_logprob_abs_diff_mean":0.0,"remax_bench/rollout_token_mult_prob_error":null,'
+       '"rollout_corr/kl":0.0,',  # null: verl's NaN
+    3: "",  # a step without them (a run planned before the hook): the columns are empty
+}
+
+
+def test_ingest_reads_the_rollout_trainer_mismatch_of_each_step(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    log = run / "verl_metrics.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    for step, keys in MISMATCH_KEYS.items():
+        i = _step_line(lines, step)
+        assert lines[i].startswith(f'{{"step":{step},"data":{{')
+        lines[i] = lines[i].replace('"data":{', '"data":{' + keys, 1)
+    log.write_text("".join(lines))
+    df = ingest(read_run("verl", [log])).set_index("step")
+    assert df.loc[1, "rollout_logprob_abs_diff_mean"] == 0.0021
+    assert df.loc[1, "rollout_token_mult_prob_error"] == 1.0021087
+    assert df.loc[1, "rollout_logprob_diff_mean"] == -0.0015  # verl's rollout_corr/kl
+    assert df.loc[2, "rollout_logprob_abs_diff_mean"] == 0.0 and df.loc[2, "rollout_logprob_diff_mean"] == 0.0
+    assert math.isnan(df.loc[2, "rollout_token_mult_prob_error"])
+    assert df.loc[3, list(metrics.MISMATCH)].isna().all()
+    # everything else as without the keys
+    pd.testing.assert_frame_equal(df.drop(columns=list(metrics.MISMATCH)),
+                                  ingest(read_run("verl", [RUN / "verl_metrics.jsonl"])).set_index("step")
+                                  .drop(columns=list(metrics.MISMATCH)))
+    # and a value that is not a number names the key
+    log.write_text(log.read_text().replace('"rollout_corr/kl":-0.0015', '"rollout_corr/kl":"x"'))
+    with pytest.raises(HarnessError, match="verl step 1: rollout_corr/kl is 'x', not a number"):
+        ingest(read_run("verl", [log]))
 
 
 def _copy_run(tmp_path, name, edit):
@@ -234,7 +279,13 @@ def test_plan_maps_the_shared_experiment(planned, a100x8):
     assert int(o["trainer.nnodes"]) == cfg["launch"]["nnodes"]
     assert all(int(o[k]) == SEED for k in SEED_KEYS)
     assert o["trainer.logger"] == "[console,file]"
-    assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "$RUN_DIR/verl_metrics.jsonl"}
+    # verl's file logger, and the harness's mismatch hook (#51), which verl/__init__.py imports in every process
+    inside = REPO / "harness" / "frameworks" / "verl" / "inside"
+    assert plan["env_vars"] == {"VERL_FILE_LOGGER_PATH": "$RUN_DIR/verl_metrics.jsonl",
+                                "VERL_USE_EXTERNAL_MODULES": "remax_bench_verl_mismatch", "PYTHONPATH": str(inside)}
+    assert (inside / "remax_bench_verl_mismatch.py").is_file()
+    assert o["actor_rollout_ref.rollout.calculate_log_probs"] == "True"
+    assert o["algorithm.rollout_correction.bypass_mode"] == "False"
     bridge = REPO / "harness" / "frameworks" / "verl" / "inside" / "reward_function.py"
     assert o["reward.custom_reward_function.path"] == str(bridge)
     assert o["data.train_files"] == f"[{planned / 'train.parquet'}]"
@@ -451,6 +502,61 @@ def test_model_plan_composes_and_verl_loads_the_served_reward_function(verl_pyth
     assert scores == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert scores != [reward.score(p, r, a) for p, r, a in PROBE]  # the model scored, not the rule
     assert [s["acc"] for s in out["scores"]] == [float(reward.correct(r, a)) for _, r, a in PROBE]
+
+
+# In verl 0.9.1's own environment, as RayPPOTrainer.fit does it: `import verl` loads the hook the plan names, then
+# calculate_debug_metrics (imported at call time) and the rollout correction's metrics on one batch, written by verl's
+# own FileLogger; ingest reads the file.
+HOOK_PROBE = r"""
+import json, sys
+import torch
+import verl
+from verl import DataProto
+from verl.utils.debug.metrics import calculate_debug_metrics
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.utils.tracking import FileLogger
+
+job = json.loads(sys.argv[1])
+t = {k: torch.tensor(v) for k, v in job["tensors"].items()}
+batch = DataProto.from_dict(tensors={"rollout_log_probs": t["rollout"], "old_log_probs": t["trainer"],
+                                     "response_mask": t["mask"], "responses": t["responses"],
+                                     "attention_mask": torch.cat([torch.ones_like(t["mask"]), t["mask"]], 1)})
+metrics = calculate_debug_metrics(batch)
+hooked = calculate_debug_metrics.__module__
+_, corr = compute_rollout_correction_and_add_to_batch(batch, {"rollout_is": None, "rollout_rs": None})
+FileLogger("remax-bench", "probe").log({**job["step"], **metrics, **corr}, step=1)
+print(json.dumps({"module": hooked}))
+"""
+
+
+def test_the_mismatch_hook_adds_its_token_means_to_verls_step_metrics(verl_python, tmp_path):
+    from harness.frameworks.verl.plan import MISMATCH_ENV
+
+    g = torch.Generator().manual_seed(51)
+    trainer = -torch.rand(3, 5, generator=g, dtype=torch.float64) * 4
+    rollout = trainer + (torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.5) * 0.2
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    rollout[1, 2:] = 0.0  # padding: beyond the mask, never counted
+    record = json.loads(next(x for x in (RUN / "verl_metrics.jsonl").read_text().splitlines() if '"step":1,' in x))
+    job = {"step": record["data"], "tensors": {"rollout": rollout.float().tolist(), "trainer": trainer.float().tolist(),
+                                               "mask": mask.tolist(), "responses": torch.ones(3, 5).long().tolist()}}
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(RUN / "plan.json", run / "plan.json")
+    env = {**os.environ, **MISMATCH_ENV, "VERL_FILE_LOGGER_PATH": str(run / "verl_metrics.jsonl")}
+    proc = subprocess.run([str(verl_python), "-c", HOOK_PROBE, json.dumps(job)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["module"] == MISMATCH_ENV["VERL_USE_EXTERNAL_MODULES"]
+    logged = json.loads((run / "verl_metrics.jsonl").read_text())["data"]
+    assert logged["training/rollout_probs_diff_valid"] == 1  # verl's own figures are still there
+    row = ingest(read_run("verl", [run / "verl_metrics.jsonl"])).iloc[0]
+    delta = (rollout.float().double() - trainer.float().double())[mask.bool()]
+    assert row["rollout_logprob_abs_diff_mean"] == pytest.approx(delta.abs().mean().item(), rel=1e-12)
+    assert row["rollout_token_mult_prob_error"] == pytest.approx(delta.abs().exp().mean().item(), rel=1e-12)
+    assert row["rollout_logprob_diff_mean"] == pytest.approx(delta.mean().item(), rel=1e-5)  # verl's, in float32
+    assert math.log(row["rollout_token_mult_prob_error"]) >= row["rollout_logprob_abs_diff_mean"] \
+        >= abs(row["rollout_logprob_diff_mean"])
 
 
 @pytest.mark.parametrize("name", list(BAD))

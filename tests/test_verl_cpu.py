@@ -17,6 +17,7 @@ from harness import HarnessError
 from harness.frameworks.verl import CPU_ENV
 from harness.frameworks.verl.plan import CPU_SETTINGS, METRICS_LOG, RAY_NODE_OVERRIDES
 from harness.report.page import packages_that_ran
+from harness.results import metrics
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime import envs
 from harness.runtime.envs import ensure_env
@@ -130,6 +131,22 @@ def test_verl_trains_remax_on_the_cpu_and_ingest_gives_what_verl_logged(verl_cpu
         assert row["throughput_tok_s"] == pytest.approx(d["perf/throughput"], rel=1e-9)
         assert math.isnan(row["throughput_tok_s_per_gpu"])  # a CPU run has no per-GPU figure
         assert 0 <= row["reward_mean"] <= 1
+        assert_mismatch_measured(row)
+        assert row["rollout_logprob_diff_mean"] == d["rollout_corr/kl"]  # verl's own signed mean
+        print(f"verl step {row['step']}: mean |delta log p| {row['rollout_logprob_abs_diff_mean']:.3g}, "
+              f"token_mult_prob_error {row['rollout_token_mult_prob_error']:.6f}, "
+              f"signed mean {row['rollout_logprob_diff_mean']:.3g}")
+
+
+def assert_mismatch_measured(row: dict) -> None:
+    """The rollout/trainer mismatch (#51) of one step: vLLM's log-probs of the sampled tokens against the actor's,
+    from the harness's hook (VERL_USE_EXTERNAL_MODULES, reaching verl's trainer) and verl's rollout_corr/kl; by
+    Jensen log(token_mult_prob_error) >= mean |delta| >= |mean delta| (the last in verl's float32: a relative slack of
+    1e-6 for the case of equality)."""
+    values = [row[c] for c in metrics.MISMATCH]
+    assert all(math.isfinite(v) for v in values), values
+    abs_mean, mult, signed = values
+    assert mult >= 1 and math.log(mult) >= abs_mean >= abs(signed) * (1 - 1e-6), values
 
 
 def test_eval_accuracy_comes_from_verls_own_validation_before_and_after(verl_cpu_run):
@@ -214,3 +231,5 @@ def test_two_nodes_a_ray_head_and_a_worker_each_with_its_gpu_train_remax_and_ing
     assert proc.returncode == 0, proc.stderr
     df = pd.read_parquet(out)
     assert list(df["step"]) == [1, 2] and (df["tokens_response"] > 0).all()
+    for row in df.to_dict("records"):  # the hook's variables reached verl's trainer on a cluster launch.sh started
+        assert_mismatch_measured(row)

@@ -100,7 +100,8 @@ def _conformance(sub: argparse._SubParsersAction) -> None:
 def cmd_parity(args: argparse.Namespace) -> int:
     """Each framework's own update on one fixed batch against the reference's (harness/parity.py). Exit 1 where a
     framework's driver failed (its row says why); a difference is a finding, not a failure: exit 0."""
-    from harness.parity import TABLE, check, summary
+    from harness.parity.check import TABLE, check
+    from harness.parity.compare import summary
 
     rows = check(config(args), args.inputs, args.out, args.frameworks)
     failed = [r["framework"] for r in rows if r["verdict"] == "failed"]

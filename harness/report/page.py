@@ -31,6 +31,7 @@ from harness.report.tables import (
     TOKENS_PER_S_DEFINITION,
     fmt,
     mfu_words,
+    mismatch_table,
 )
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -194,7 +195,7 @@ def _g(x: float | None) -> str:
 
 def parity_view(parity: pd.DataFrame) -> dict:
     """The "Same update?" table: per framework its summary line first, then one row per quantity."""
-    from harness.parity import summary
+    from harness.parity.compare import summary
 
     frameworks = []
     for fw, rows in parity.groupby("framework", sort=False):
@@ -202,7 +203,8 @@ def parity_view(parity: pd.DataFrame) -> dict:
         frameworks.append({"framework": fw, "summary": summary(records),
                            "cls": "mismatch" if any(r["verdict"] in ("differs", "failed") for r in records) else "",
                            "rows": [dict(quantity=r["quantity"], precision=r["precision"] or "",
-                                         value=_g(r["value"]), reference=_g(r["reference"]),
+                                         value=_g(r["value"]), expected=_g(r["expected"]),
+                                         against=r["compared_with"] if isinstance(r["compared_with"], str) else "",
                                          difference=("" if pd.isna(r["difference"]) else
                                                      f"{r['difference']:.3g}" + (" rel." if r["relative"] else "")),
                                          tolerance="" if pd.isna(r["tolerance"]) else f"{r['tolerance']:.3g}",
@@ -210,6 +212,27 @@ def parity_view(parity: pd.DataFrame) -> dict:
                                          cls="mismatch" if r["verdict"] in ("differs", "failed") else "")
                                     for r in records]})
     return {"frameworks": frameworks}
+
+
+# The rollout/trainer mismatch table (#51; harness.results.metrics.MISMATCH, tables.mismatch_table).
+# token_mult_prob_error above which NeMo-RL investigates (its docs/guides/dtensor-tp-accuracy.md)
+MISMATCH_INVESTIGATE = 1.05
+MISMATCH_NOTE = (
+    "Per step, over the sampled response tokens (greedy baselines not counted): delta = the log-prob the generation "
+    "engine reported for the token it sampled minus the trainer's log-prob of the same token, same weights, before "
+    "the step's update. mean |delta log p|: the token mean of |delta|; token_mult_prob_error: the token mean of "
+    "exp(|delta|) (NeMo-RL's definition; 1 when the two agree exactly). Mean over a run's measured steps (after "
+    "warm-up), median over seeds; max: the largest step of any seed. NeMo-RL investigates a token_mult_prob_error "
+    f"above {MISMATCH_INVESTIGATE} (highlighted). Empty where the framework's generation reports no log-probs of "
+    "its own, with the reason.")
+
+
+def mismatch_rows(table: pd.DataFrame) -> list[dict]:
+    """The "Rollout/trainer mismatch" table: per framework its figures, or why it has none (tables.mismatch_table)."""
+    return [dict(framework=r.framework, seeds=fmt(r.seeds), steps=fmt(r.steps), abs_diff=_g(r.abs_diff_mean),
+                 mult_mean=_g(r.mult_prob_error_mean), mult_max=_g(r.mult_prob_error_max), reason=r.reason,
+                 cls="mismatch" if r.mult_prob_error_max > MISMATCH_INVESTIGATE else "")
+            for r in table.itertuples()]
 
 
 def status_rows(runs: list[Run]) -> list[dict]:
@@ -298,6 +321,8 @@ def html(data: PageData, figures: dict[str, bytes]) -> str:
         conformance_columns=CONFORMANCE_COLUMNS,
         conformance=conformance_rows(data.conformance) if data.conformance is not None else None,
         parity=parity_view(data.parity) if data.parity is not None else None,
+        mismatch=mismatch_rows(mismatch_table(data.runs, config["frameworks"], config["remax"]["warmup_steps"])),
+        mismatch_note=MISMATCH_NOTE,
         run_setting=run_setting_words(config), claims=data.claims.to_dict("records"),
         status=status_rows(data.runs), manifest=manifest_view(data.runs), reproducibility=data.reproducibility,
         history=data.history)

@@ -191,6 +191,48 @@ def own_throughput_table(runs: list[Run], warmup: int) -> pd.DataFrame:
                                        "ratio_min", "ratio_max", "agree", "definition"])
 
 
+# The rollout/trainer mismatch (#51; harness.results.metrics.MISMATCH).
+MISMATCH_COLUMNS = ["framework", "seeds", "steps", "abs_diff_mean", "mult_prob_error_mean", "mult_prob_error_max",
+                    "reason"]
+
+
+def no_mismatch_reason(framework: str) -> str:
+    """Why a framework's runs have no mismatch figures (harness.results.metrics says it per framework)."""
+    adapter = adapter_of(framework)
+    if adapter is not None and adapter.run is not None and adapter.plan is None:
+        return ("embedded backend: it samples from a copy of the decoder it trains, given the same weights after "
+                "every step, and keeps no log-probs of its samples")
+    return ("its runs logged no rollout log-probs: generated with the trained model itself (no engine's log-probs "
+            "to compare; not 0 by construction), or an engine whose log-probs the harness does not record yet")
+
+
+def mismatch_table(runs: list[Run], frameworks: list[str], warmup: int) -> pd.DataFrame:
+    """Per framework with a completed run: the rollout/trainer mismatch over its runs' measured steps (MISMATCH_NOTE),
+    or why it has none."""
+    rows = []
+    for fw in dict.fromkeys([*frameworks, *(r.framework for r in runs)]):
+        ok = [r for r in runs if r.framework == fw and r.status == "ok"]
+        if not ok:
+            continue
+        measured = [m for r in ok if (m := r.steps[r.steps["step"] > warmup])["rollout_logprob_abs_diff_mean"]
+                    .notna().any()]
+        if not measured:
+            rows.append({"framework": fw, "seeds": len(ok), "steps": 0, "abs_diff_mean": math.nan,
+                         "mult_prob_error_mean": math.nan, "mult_prob_error_max": math.nan,
+                         "reason": no_mismatch_reason(fw)})
+            continue
+        rows.append({"framework": fw, "seeds": len(measured),
+                     "steps": int(sum(m["rollout_logprob_abs_diff_mean"].notna().sum() for m in measured)),
+                     "abs_diff_mean": float(pd.Series([m["rollout_logprob_abs_diff_mean"].mean()
+                                                       for m in measured]).median()),
+                     "mult_prob_error_mean": float(pd.Series([m["rollout_token_mult_prob_error"].mean()
+                                                              for m in measured]).median()),
+                     "mult_prob_error_max": float(pd.concat([m["rollout_token_mult_prob_error"]
+                                                             for m in measured]).max()),
+                     "reason": ""})
+    return pd.DataFrame(rows, columns=MISMATCH_COLUMNS)
+
+
 def truth_table(runs: list[Run]) -> pd.DataFrame:
     """Per run with the task's exact-match accuracy logged: shared reward and accuracy, first and last 10% of
     steps, and how the two move together (Pearson over steps). Empty when no run logged the accuracy."""
@@ -345,7 +387,7 @@ def read_conformance(results: Path, runs: list[Run], problems: list[str]) -> pd.
 
 def read_parity(results: Path, problems: list[str]) -> pd.DataFrame | None:
     """results/parity/parity.csv (`remax-bench parity`, the pipeline's parity rule); None where it did not run."""
-    from harness.parity import COLUMNS, TABLE
+    from harness.parity.check import COLUMNS, TABLE
 
     path = layout.path(results, layout.PARITY) / TABLE
     if not path.is_file():

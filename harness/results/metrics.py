@@ -45,8 +45,25 @@ MEASURED = {
 # time_step_end_s: when the step ended, in seconds after the run's first step ended (0 on that step), by the
 # framework's own clock as its log states it (verl's progress bar, OpenRLHF's step lines: whole seconds). Its
 # differences less time_step_s are the time the framework's loop spends between its step timers.
+# rollout_logprob_abs_diff_mean, rollout_token_mult_prob_error, rollout_logprob_diff_mean: the rollout/trainer
+# mismatch (#51). For each sampled response token of the step (greedy baseline tokens are not counted),
+# delta = log p_rollout - log p_trainer: the log-prob the generation engine reported for the token it sampled,
+# less the trainer's log-prob of the same token with the same weights before the step's update (verl's
+# old_log_probs, OpenRLHF's action_log_probs). Token means over the step: |delta| (rollout_logprob_abs_diff_mean),
+# exp(|delta|) (rollout_token_mult_prob_error: NeMo-RL's token_mult_prob_error, ClippedPGLossFn; always >= 1, and
+# log of it >= the mean |delta|; NeMo-RL investigates above 1.05) and delta itself (rollout_logprob_diff_mean: the
+# signed k1, verl's rollout_corr/kl, OpenRLHF's vllm_kl). 0 / 1 / 0 means the engine and the trainer agree exactly.
+# Empty (NaN) where the framework's generation path reports no log-probs: DeepSpeed-Chat and TRL generate with the
+# trained model itself (HF or DeepSpeed generate, no separate engine), so there is no engine log-prob to compare;
+# their mismatch is not zero by construction (KV-cache decoding against one full forward, DeepSpeed's inference
+# kernels on a GPU, DeepSpeed-Chat's hard-coded top_p 0.9), it is only not measured. The reference backend's
+# generate samples from the rollout copy of the same decoder and records no log-probs either.
 OPTIONAL = {"time_step_cpu_s": "float64", "time_machine_busy_s": "float64", "time_probe_s": "float64",
-            "task_accuracy_mean": "float64", "time_step_end_s": "float64"}
+            "task_accuracy_mean": "float64", "time_step_end_s": "float64",
+            "rollout_logprob_abs_diff_mean": "float64", "rollout_token_mult_prob_error": "float64",
+            "rollout_logprob_diff_mean": "float64"}
+# The mismatch columns, in the order above (harness.results.summarize, the report's mismatch table).
+MISMATCH = ("rollout_logprob_abs_diff_mean", "rollout_token_mult_prob_error", "rollout_logprob_diff_mean")
 DERIVED = {"throughput_tok_s": "float64", "throughput_tok_s_per_gpu": "float64", "throughput_tok_cpu_s": "float64"}
 SCHEMA = {**IDENTITY, **MEASURED, **OPTIONAL, **DERIVED}
 # Every producer measures these on every step; the other measured columns may be empty where one cannot.

@@ -21,6 +21,8 @@ from harness.results.efficiency import ModelShape, model_shape, run_peak, step_f
 from harness.results.metrics import read_metrics
 
 TIMES = ("time_step_s", "time_gen_s", "time_transition_s", "time_train_s")
+# The mismatch columns a run's summary carries, by the per-step columns' names (as throughput_tok_s).
+SUMMARY_MISMATCH = ("rollout_logprob_abs_diff_mean", "rollout_token_mult_prob_error")
 
 
 # The share of a run's steps that stands for its start and its end: the first and final reward (summary, report,
@@ -103,6 +105,9 @@ def summarize_run(df: pd.DataFrame, warmup_steps: int, efficiency: dict | None =
         reward_gain=last - first,
         task_accuracy_first10=acc_first,
         task_accuracy_last10=acc_last,
+        # The rollout/trainer mismatch (harness.results.metrics.MISMATCH): the mean over the measured steps of each
+        # step's token mean; empty where the framework's generation reports no log-probs.
+        **{c: float(measured[c].mean()) for c in SUMMARY_MISMATCH},
     )
     if efficiency is not None:
         peak = efficiency["peak_flops"]

@@ -1,4 +1,4 @@
-# Do the frameworks perform the same ReMax update? (harness/parity.py): the reference writes one fixed batch from the
+# Do the frameworks perform the same ReMax update? (harness/parity/): the reference writes one fixed batch from the
 # shared inputs, each real framework's own training code makes one update from it in its own environment, and every
 # quantity (log-probs, advantages, loss, gradient norm before and after the clip, the weights' update) is set beside
 # the reference's. Part of every profile that runs a framework with a parity driver (common.smk, PARITY); the

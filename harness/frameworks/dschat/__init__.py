@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.frameworks.dschat import conformance, ingest, plan
+from harness.frameworks.dschat import conformance, ingest, parity, plan
 from harness.frameworks.dschat.plan import CPU_ENV, ENV, NAME, REMAX_COMMIT
 from harness.frameworks.registry import Adapter, Checkout, register_framework
 
@@ -52,6 +52,7 @@ register_framework(Adapter(
                    "the tokens generated, over its End-to-End latency (time.time() without device sync); above the "
                    "harness's figure whenever answers stop before the maximum",
     conformance=conformance.conformance,
+    parity=parity.parity,
     module="deepspeed",
     saves_checkpoint=True,  # the final actor, to --output_dir in the run directory
     schema=Path(__file__).with_name("config.schema.yaml"),

@@ -17,6 +17,8 @@ each run; the Ray workers import the patched files.
   the eval greedy accuracy, by vLLM before and after training.
 - conformance.py: the patched estimator, run from the installed package, on harness.conformance.CASES
   (in the validation environment it builds) and on the batch each run recorded.
+- parity.py: one update of OpenRLHF's own actor, experience maker and DeepSpeed step on harness.parity's batch, with
+  a run's own flags (inside/parity_driver.py, in the run's environment).
 inside/ holds what runs in OpenRLHF's own environment, not the harness's: remax/ (the agent, the patch, the greedy
 evaluation, the validation driver), the CPU layer (cpu/) and the vllm stand-in of the validation environment
 (cpu_stubs/).
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.frameworks.openrlhf import conformance, ingest, plan
+from harness.frameworks.openrlhf import conformance, ingest, parity, plan
 from harness.frameworks.openrlhf.conformance import VALIDATE_ENV
 from harness.frameworks.openrlhf.plan import LOG, NAME, VERSION
 from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framework
@@ -50,6 +52,7 @@ register_framework(Adapter(
     conformance=conformance.conformance,
     evaluation=ingest.evaluation,
     run_conformance=conformance.run_conformance,
+    parity=parity.parity,
     module="openrlhf",
     head_dims=VLLM_HEAD_DIMS,
     saves_checkpoint=True,  # the final actor, where its --ckpt.* defaults put it: the run directory

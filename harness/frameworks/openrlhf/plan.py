@@ -79,6 +79,13 @@ def _flags(config: dict, seed: int, out_dir: Path, policy: str) -> tuple[list[st
         argv.append("--actor.gradient_checkpointing_enable")
     if oc["packing_samples"]:
         argv.append("--ds.packing_samples")
+    if oc["zero_stage"] == 0:  # found by the parity check (docs/frameworks.md, "Update parity"): update 0.741 as long
+        deviations.append({
+            "key": "optimizer.first_step", "shared": "Adam's first step on the first gradient",
+            "effective": "Adam's second step (its update 0.744 as long)",
+            "cause": "DeepSpeed's FP16_Optimizer, which wraps Adam for bf16 without ZeRO (ds.zero_stage 0), steps it "
+                     "once with zero gradients when it is built (deepspeed/runtime/fp16/fused_optimizer.py, "
+                     "initialize_optimizer_states); ZeRO stages 1-3 do not"})
     return argv, _hyperparameters(config, seed, policy, max_len), deviations
 
 

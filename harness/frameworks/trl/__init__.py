@@ -10,7 +10,10 @@ The modules, by stage of the data flow:
   printed log line of each step (transformers' PrinterCallback: the `Trainer.log` dict) as the cross-check.
 - conformance.py: the advantage function the trainer calls, on the shared vectors, and a batch of each real run (the
   first with a KL to the reference) with the advantages the trainer computed there.
-inside/ holds what runs in TRL's own environment, not the harness's: remax_trl.py and conformance_driver.py.
+- parity.py: one update of the trainer by TRL's own training loop on harness.parity's fixed batch
+  (inside/parity_driver.py in the TRL environment).
+inside/ holds what runs in TRL's own environment, not the harness's: remax_trl.py, conformance_driver.py and
+parity_driver.py.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.frameworks.registry import Adapter, register_framework
-from harness.frameworks.trl import conformance, ingest, plan
+from harness.frameworks.trl import conformance, ingest, parity, plan
 from harness.frameworks.trl.plan import NAME, STEPS_LOG
 
 register_framework(Adapter(
@@ -38,6 +41,7 @@ register_framework(Adapter(
                    "about twice the harness's figure, which counts no greedy tokens",
     conformance=conformance.conformance,
     run_conformance=conformance.run_conformance,
+    parity=parity.parity,
     module="trl",
     schema=Path(__file__).with_name("config.schema.yaml"),
     image=Path(__file__).with_name("image.yaml"),

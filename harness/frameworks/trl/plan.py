@@ -84,9 +84,22 @@ def _hyperparameters(config: dict, seed: int) -> list[dict]:
         ("seed", seed, "seed and data_seed"))]
 
 
+def trainer_settings(config: dict, seed: int) -> list[str]:
+    """remax_trl.py's arguments for the config's settings (device, batch, lengths, sampling, lr, KL, clip): a run's,
+    and the parity driver's on its batch's settings (parity.py), so that a wrong mapping shows in both."""
+    rc, world = config["remax"], _world(config)
+    return ["--device", config["launch"]["device"], "--n-gpus", str(0 if on_cpu(config) else world),
+            "--seed", str(seed), "--steps", str(rc["steps"]),
+            "--per-device-batch", str(rc["train_batch_size"] // world),
+            "--max-response-length", str(rc["max_response_length"]), "--generation-length", rc["generation_length"],
+            "--temperature", repr(float(rc["temperature"])), "--top-p", repr(float(rc["top_p"])),
+            "--kl-coef", repr(float(rc["kl_coef"])), "--lr", repr(float(rc["lr"])),
+            "--grad-clip", repr(float(rc["grad_clip"])),
+            *(["--gradient-checkpointing"] if config[NAME]["gradient_checkpointing"] else [])]
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     _check(config)
-    rc = config["remax"]
     inputs = resolve_inputs(inputs_dir)
     env = environment(get_adapter(NAME), config)
     assert env is not None  # TRL always runs in an environment of its own
@@ -102,14 +115,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             "--dataset", str(Path(inputs["dataset"]["path"]).resolve()),
             "--output-dir", f"{RUN_DIR}/output", "--steps-log", f"{RUN_DIR}/{STEPS_LOG}",
             "--eval-log", f"{RUN_DIR}/{EVAL_LOG}", "--record-batch", f"{RUN_DIR}/{BATCH_LOG}",
-            "--device", config["launch"]["device"], "--n-gpus", str(0 if on_cpu(config) else world),
-            "--seed", str(seed), "--steps", str(rc["steps"]),
-            "--per-device-batch", str(rc["train_batch_size"] // world),
-            "--max-response-length", str(rc["max_response_length"]), "--generation-length", rc["generation_length"],
-            "--temperature", repr(float(rc["temperature"])), "--top-p", repr(float(rc["top_p"])),
-            "--kl-coef", repr(float(rc["kl_coef"])), "--lr", repr(float(rc["lr"])),
-            "--grad-clip", repr(float(rc["grad_clip"])),
-            *(["--gradient-checkpointing"] if config[NAME]["gradient_checkpointing"] else []),
+            *trainer_settings(config, seed),
             *(["--reward-url", REWARD_URL] if served else []), *words]
     env_vars = {"HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **strict_env}
     out_dir = Path(out_dir).resolve()

@@ -34,9 +34,10 @@ forward pass and its own rendering, so the same checkpoint would not score verl 
 The served path also keeps every framework's reward cost the same kind of work (one shared server on the node).
 
 The modules, by stage: plan.py (the launch directory, verl's hydra overrides, the CPU plan), ingest.py (the logged
-metrics and the validation passes), conformance.py (verl's ReMax advantage against the reference). inside/ holds what
-runs in verl's own environment, not the harness's: the reward function (reward_function.py), the conformance driver
-(conformance_driver.py) and the CPU layer (cpu/).
+metrics and the validation passes), conformance.py (verl's ReMax advantage against the reference), parity.py (verl's
+one update on harness.parity's batch). inside/ holds what runs in verl's own environment, not the harness's: the
+reward function (reward_function.py), the conformance and parity drivers (conformance_driver.py, parity_driver.py)
+and the CPU layer (cpu/).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.frameworks.registry import VLLM_HEAD_DIMS, Adapter, register_framework
-from harness.frameworks.verl import conformance, ingest, plan
+from harness.frameworks.verl import conformance, ingest, parity, plan
 from harness.frameworks.verl.plan import METRICS_LOG, NAME, VERSION
 
 ENV = "verl"  # envs/verl.txt: the GPU node's environment
@@ -67,6 +68,7 @@ register_framework(Adapter(
                    "the same total and its time from the same timer, so the two agree unless the log or the device "
                    "count is wrong; both leave out the greedy baseline's tokens, whose generation is in the step",
     conformance=conformance.conformance,
+    parity=parity.parity,
     module="verl",
     head_dims=VLLM_HEAD_DIMS,
     schema=Path(__file__).with_name("config.schema.yaml"),

@@ -25,6 +25,13 @@ _NUMPY_SCALAR = re.compile(r"^np\.\w+\((.*)\)$")
 REQUIRED = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "perf/total_num_tokens",
             "prompt_length/mean", "response_length/mean", "critic/score/mean")
 OPTIONAL = ("timing_s/update_weights", "critic/rewards/mean", "actor/reward_kl_penalty_coeff", "perf/throughput")
+# The rollout/trainer mismatch (#51; harness.results.metrics): the harness's hook in verl's trainer
+# (inside/remax_bench_verl_mismatch.py) and verl's own signed mean, rollout_corr/kl = masked mean of
+# rollout_log_probs - old_log_probs (trainer/ppo/rollout_corr_helper.py, compute_offpolicy_metrics). A run without
+# them (planned before the hook, or with the rollout's log-probs off) leaves the columns empty.
+MISMATCH = {"rollout_logprob_abs_diff_mean": "remax_bench/rollout_logprob_abs_diff_mean",
+            "rollout_token_mult_prob_error": "remax_bench/rollout_token_mult_prob_error",
+            "rollout_logprob_diff_mean": "rollout_corr/kl"}
 TRAINING_STEP = "training/global_step"
 # ray_trainer._validate's sections: a record with nothing else is a validation pass (val_before_train logs one at
 # step 0), not a training step.
@@ -87,7 +94,7 @@ def _step_row(step: int, data: dict, where: str, ident: dict, devices: int) -> d
     missing = [k for k in (TRAINING_STEP, *REQUIRED) if k not in data]
     if missing:
         raise HarnessError(f"{where}: verl step {step} lacks {', '.join(missing)} (truncated log?)")
-    used = (TRAINING_STEP, *REQUIRED, *(k for k in OPTIONAL if k in data))
+    used = (TRAINING_STEP, *REQUIRED, *(k for k in (*OPTIONAL, *MISMATCH.values()) if k in data))
     bad = [k for k in used if isinstance(data[k], bool) or not isinstance(data[k], (int, float))]
     if bad:
         raise HarnessError(f"{where}: verl step {step}: {bad[0]} is {data[bad[0]]!r}, not a number")
@@ -118,6 +125,7 @@ def _step_row(step: int, data: dict, where: str, ident: dict, devices: int) -> d
         "reward_baseline_mean": math.nan,  # not logged by verl
         "kl_mean": kl_mean,
         "response_length_mean": response_mean,
+        **{column: data.get(key, math.nan) for column, key in MISMATCH.items()},
         # verl's own figure is per GPU (total / (step time * n_gpus)): times its devices for the cross-check.
         metrics.FRAMEWORK_THROUGHPUT: data.get("perf/throughput", math.nan) * devices,
     }

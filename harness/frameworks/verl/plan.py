@@ -58,6 +58,27 @@ SEED_KEYS = (
 )
 
 
+# The rollout/trainer mismatch (#51, harness.results.metrics.MISMATCH), measured on every step, as verl's defaults
+# already have it; pinned so that a later default cannot turn it off. Neither changes what a step computes.
+MISMATCH_OVERRIDES = (
+    # vLLM returns the log-prob of each sampled token (processed_logprobs: after temperature and top-p), which
+    # becomes the batch's rollout_log_probs (experimental/agent_loop/agent_loop.py, vllm_async_server.py).
+    "actor_rollout_ref.rollout.calculate_log_probs=True",
+    # The actor recomputes old_log_probs itself (bypass mode would copy the rollout's, a mismatch of 0 by
+    # construction); rollout_is and rollout_rs stay null, so rollout_corr/ is a diagnostic only
+    # (trainer/ppo/ray_trainer.py, rollout_corr_helper.py).
+    "algorithm.rollout_correction.bypass_mode=False",
+)
+# The harness's hook (inside/remax_bench_verl_mismatch.py), which adds mean |delta| and token_mult_prob_error to
+# verl's step metrics: verl/__init__.py imports the modules VERL_USE_EXTERNAL_MODULES names in each process that
+# imports verl. launch.sh exports both variables before it starts anything, so the driver, the Ray cluster it starts
+# on one node (or the nodes launch.sh starts with `ray start` for launch.nnodes > 1, srun passing its environment)
+# and every Ray worker inherit them. PYTHONPATH is this folder alone: verl's environment (its venv, or its image)
+# needs none of its own.
+MISMATCH_HOOK = "remax_bench_verl_mismatch"
+MISMATCH_ENV = {"VERL_USE_EXTERNAL_MODULES": MISMATCH_HOOK, "PYTHONPATH": str(INSIDE)}
+
+
 def _hydra_value(value: object) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
@@ -91,6 +112,7 @@ def launch_overrides(config: dict, seed: int, plan_dir: Path, inputs: dict,
         "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.model.custom_chat_template={_hydra_value(RAW_PROMPT_TEMPLATE)}",
         "actor_rollout_ref.rollout.name=vllm",
+        *MISMATCH_OVERRIDES,
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={vc['rollout_tensor_parallel_size']}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={vc['gpu_memory_utilization']}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={vc['micro_batch_size_per_gpu']}",
@@ -309,7 +331,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     overrides, hyperparameters = launch_overrides(config, seed, out_dir, inputs, len(dataset["train"]))
     env = environment(get_adapter(NAME), config)
     assert env is not None  # verl runs in an environment of its own
-    env_vars = {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{METRICS_LOG}"}
+    env_vars = {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{METRICS_LOG}", **MISMATCH_ENV}
     deviations = [*DEVIATIONS, *([FIXED_LENGTH_DEVIATION] if config["remax"]["generation_length"] == "fixed" else [])]
     if cpu:
         cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
