@@ -63,6 +63,8 @@ MAX_WARM_STEPS = 50
 # and the threshold it holds shows in the gradient its optimizer receives (at a clip of 1.0 and a norm of 0.45 none
 # acts, and a wrong threshold passes unseen).
 KL_PROBE = 0.05
+# Batches drawn until one holds responses of more than one length (fixed-length generation never does)
+MAX_DRAWS = 20
 CLIP_PROBE = 0.25
 TENSORS = ("logprobs", "ref_logprobs", "advantages")
 SCALARS = ("loss", "grad_norm", "applied_grad_norm")
@@ -109,9 +111,12 @@ def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
             ref_logprobs = response_logprobs(ref, rolled["ids"], rolled["attn"], rolled["response"], rolled["n"])
         kl = float(update(trainer, optimizer, rolled, ref_logprobs, rc)["kl"].sum(-1).mean())
         warm_steps += 1
-    chosen = rng.sample(rows, rc["train_batch_size"])
-    with torch.no_grad():
-        rolled = rollout(trainer, tokenizer, chosen, rc, torch.device("cpu"), shared)
+    for _ in range(MAX_DRAWS):  # responses of one length cannot tell a token mean from a mean of sequence means
+        chosen = rng.sample(rows, rc["train_batch_size"])
+        with torch.no_grad():
+            rolled = rollout(trainer, tokenizer, chosen, rc, torch.device("cpu"), shared)
+        if len(set(rolled["mask"].sum(-1).tolist())) > 1:
+            break
     n, mask = rolled["n"], rolled["mask"]
     prompt_ids, prompt_mask = rolled["ids"].repeat_interleave(n, 0), rolled["attn"].repeat_interleave(n, 0)
     response = torch.where(mask.bool(), rolled["response"], tokenizer.pad_token_id)
