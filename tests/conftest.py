@@ -174,9 +174,10 @@ def tiny(tmp_path_factory):
 # reward server, torch.distributed's master port) share one unit, and so does the preflight's, which looks for a
 # stray Ray cluster and for those ports taken on this machine: two of them at once would see each other's. That unit,
 # the longest, is handed out first, so the other worker takes the rest of the suite beside it (TRL's and verl's
-# planning and conformance files among it: one process each, no port of their own).
+# planning and conformance files among it: one process each, no port of their own). The parity drivers start
+# torch.distributed process groups (DeepSpeed's master port), so their file is in that unit too.
 FRAMEWORK_RUNS = {"test_verl_cpu.py", "test_openrlhf_cpu.py", "test_openrlhf.py", "test_dschat.py",
-                  "test_preflight.py"}
+                  "test_preflight.py", "test_parity_frameworks.py"}
 
 
 def pytest_collection_modifyitems(items):
