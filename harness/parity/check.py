@@ -23,6 +23,8 @@ def check(config: dict, inputs_dir: str | Path, out_dir: str | Path, frameworks:
     from harness.frameworks import get_adapter
     from harness.inputs.policy import load_policy
 
+    # Absolute: the drivers run in the repository (run_driver), not where the rule or the user gave the paths from
+    inputs_dir, out_dir = Path(inputs_dir).resolve(), Path(out_dir).resolve()
     names = frameworks or [fw for fw in config["frameworks"] if get_adapter(fw).parity is not None]
     if not names:
         raise HarnessError(f"frameworks: none of {', '.join(config['frameworks'])} has a parity driver "

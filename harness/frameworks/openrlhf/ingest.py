@@ -34,6 +34,14 @@ DAY_S = 86400
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # repr() of a float that ast.literal_eval does not read back.
 NONFINITE = re.compile(r"(?<![\w.'\"])(-?)(nan|inf)(?![\w'\"])")
+# The rollout/trainer mismatch (#51; harness.results.metrics): remax_patch.py's per-sample sums over the response
+# tokens (delta = the engine's log-prob of the sampled token less the actor's) and token count. The step line holds
+# each as a mean over the step's samples, so sum / count is the token mean of the step. A run without them (patched by
+# an earlier revision) leaves the columns empty.
+MISMATCH = {"rollout_logprob_abs_diff_mean": "remax_lp_absdiff_sum",
+            "rollout_token_mult_prob_error": "remax_mult_prob_sum",
+            "rollout_logprob_diff_mean": "remax_lp_diff_sum"}
+MISMATCH_TOKENS = "remax_action_tokens"
 REQUIRED = ("timing/generation", "timing/ppo_train", "timing/broadcast", "timing/step_total", "rollout/num_samples",
             "rollout/reward_mean", "rollout/response_length_mean", "response_length", "total_length", "remax_baseline")
 
@@ -55,6 +63,9 @@ def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> d
         raise HarnessError(f"{where}: step {step} lacks {', '.join(missing)}{hint}")
     samples = status["rollout/num_samples"]
     greedy_tokens = status.get("remax_baseline_tokens", math.nan)
+    tokens = status.get(MISMATCH_TOKENS, math.nan)
+    mismatch = {column: status.get(key, math.nan) / tokens if tokens > 0 else math.nan
+                for column, key in MISMATCH.items()}
     return {
         "step": step, "n_gpus": n_gpus,
         "time_step_s": status["timing/step_total"],
@@ -69,6 +80,7 @@ def _row(status: dict, step: int, n_gpus: int, per_prompt: int, where: str) -> d
         "reward_baseline_mean": status["remax_baseline"],
         "kl_mean": status.get("remax_kl_sum", math.nan),
         "response_length_mean": status["rollout/response_length_mean"],
+        **mismatch,
     }
 
 

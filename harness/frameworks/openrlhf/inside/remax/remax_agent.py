@@ -22,6 +22,12 @@ without its reward request: that one sends the decoded prompt+response with spec
 errors. Here the response is decoded without special tokens, and a failed reward request fails the rollout instead
 of leaving a sample without reward or baseline.
 
+Each sampled request asks vLLM for the log-prob of the token it sampled (SamplingParams.logprobs = 1), which
+OpenRLHF's SingleTurnAgentExecutor.execute collects into the sample's rollout_log_probs (utils/agent.py) and the
+patch (remax_patch.py) sets against the actor's: the rollout/trainer mismatch of every run (issue #51). Stock
+OpenRLHF asks for it only with its IS correction on (samples_generator.py), which also reweights the loss; here
+nothing reads it but the patch's sums. The greedy request asks for none.
+
 The n calls for one prompt share one greedy request: the first call starts it, later calls for the same prompt
 and label join it while it runs. All n calls start before any generation finishes, and a finished request is
 dropped, so the next step (new weights) asks again.
@@ -67,6 +73,7 @@ class AgentExecutor(SingleTurnAgentExecutor):
     async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
         sampling_params = deepcopy(sampling_params)
         sampling_params.min_tokens = sampling_params.max_tokens if self.fixed_length else 0
+        sampling_params.logprobs = 1  # the sampled token's log-prob (module docstring: the rollout mismatch)
         key = (prompt, label)
         if self.sampling_seed is not None:
             sampling_params.seed = request_seed(self.sampling_seed, prompt, label, self._seen[key])

@@ -23,6 +23,20 @@ prompts in different orders (found here, 2026-12-05; upstream's open PR #1355, "
 the training seed", describes the same). The sampler's generator is seeded with train.seed before its first
 iteration, as the training actors' DistributedSampler already is (seed + epoch).
 
+The rollout/trainer mismatch (issue #51), for every run: per sample, the sums over its response tokens of
+delta = rollout_log_probs - action_log_probs (the engine's log-prob of each sampled token, less the actor's from the
+experience maker's forward before the update), of |delta| and of exp(|delta|), and its token count, as info entries
+beside remax_kl_sum (harness ingest.py turns them into the step's token means). The ReMax agent asks the engine for
+the sampled tokens' log-probs (SamplingParams.logprobs = 1), which OpenRLHF's SingleTurnAgentExecutor collects into
+Experience.rollout_log_probs (utils/agent.py, execute; trainer/ppo_utils/samples_generator.py aligns them with the
+action span); stock 0.11.2 asks only under --algo.advantage.is_correction_level token/seq, which also reweights the
+loss. Here the level stays off, so PolicyLoss ignores rollout_log_probs (models/loss.py: it reads them only when the
+level is not off) and the loss is unchanged. One edit makes train_ppo_ray give the engines logprobs_mode
+"processed_logprobs" whatever the level (trainer/ray/vllm_engine.py create_vllm_engines then also sets
+max_logprobs=1, enough for logprobs=1): vLLM's default, raw_logprobs, is taken before temperature, top-p and the
+logits processors; processed ones are the distribution the token was sampled from (under
+remax.generation_length fixed that excludes EOS, masked by min_tokens, so the mismatch then includes it).
+
 One switch, for reproducibility.determinism strict only: with REMAX_BENCH_OPENRLHF_SAMPLE_ORDER=content a step's
 samples are sorted by their tokens (prompt and response) once collected. OpenRLHF takes them in the order their
 rollouts finish (trainer/ppo_utils/samples_generator.py, ray.wait), and that order decides how the training batch is
@@ -47,7 +61,8 @@ VERSION = "0.11.2"
 # The marker on every edited line names this patch's revision: a file patched by another revision is refused (its
 # environment is rebuilt), not patched twice or left stale.
 MARKER_PREFIX = "# remax-bench:"
-MARKER = MARKER_PREFIX + " remax estimator, read-back, batch record, seeded prompt order, sample order (r3)"
+MARKER = MARKER_PREFIX + (" remax estimator, read-back, batch record, seeded prompt order, sample order, "
+                          "rollout mismatch (r4)")
 
 # The first batch a run's remax estimator sees, written where REMAX_BENCH_ADVANTAGE_RECORD says (the plan puts it in
 # the run directory): per experience, a harness.conformance case (mask, sample rewards, greedy baselines, per-token KL,
@@ -73,14 +88,41 @@ RECORD = (
     "\n"
 )
 
+# The rollout/trainer mismatch of each sample (harness.results.metrics.MISMATCH), next to remax_kl_sum: with
+# delta = rollout_log_probs - action_log_probs on the sample's response tokens (action_mask), the sums of delta,
+# |delta| and exp(|delta|) and the number of tokens, in float64. OpenRLHF averages a per-sample info value over the
+# step's samples (trainer/ray/ppo_actor.py, PolicyModelActor.training_step and ppo_train: weight "sample"), so each
+# sum's step mean over the token count's step mean is the token mean of the step (harness ingest.py). Only where the
+# engine returned the sampled tokens' log-probs (the ReMax agent asks for them); it changes nothing OpenRLHF computes.
+MISMATCH = (
+    "def remax_bench_mismatch(experience):  " + MARKER + "\n"
+    "    if experience.rollout_log_probs is None:\n"
+    "        return\n"
+    "    mask = experience.action_mask.double()\n"
+    "    gap = (experience.rollout_log_probs.double() - experience.action_log_probs.double()) * mask\n"
+    '    experience.info["remax_lp_diff_sum"] = gap.sum(dim=-1)\n'
+    '    experience.info["remax_lp_absdiff_sum"] = gap.abs().sum(dim=-1)\n'
+    '    experience.info["remax_mult_prob_sum"] = (gap.abs().exp() * mask).sum(dim=-1)\n'
+    '    experience.info["remax_action_tokens"] = mask.sum(dim=-1)\n'
+    "\n"
+    "\n"
+)
+
 EDITS = {
-    "cli/train_ppo_ray.py": [(
-        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
-        '"flash_reinforce"],\n',
-        '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
-        '"flash_reinforce",\n'
-        f'                 "remax"],  {MARKER}\n',
-    )],
+    "cli/train_ppo_ray.py": [
+        (
+            '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
+            '"flash_reinforce"],\n',
+            '        choices=["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo", '
+            '"flash_reinforce",\n'
+            f'                 "remax"],  {MARKER}\n',
+        ),
+        # The rollout mismatch: the engines' log-probs after temperature and top-p, whatever the IS correction.
+        (
+            '            "processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,\n',
+            f'            "processed_logprobs",  {MARKER}\n',
+        ),
+    ],
     "trainer/ppo_utils/experience_maker.py": [
         (
             "            rewards = rewards - rewards.mean()\n"
@@ -116,6 +158,7 @@ EDITS = {
             '            experience.info["return"] = reward.sum(dim=-1)\n'
             f'            if self.advantage_estimator == "remax":  {MARKER}\n'
             '                experience.info["remax_kl_sum"] = (experience.kl * experience.action_mask).sum(dim=-1)\n'
+            "                remax_bench_mismatch(experience)\n"
             "                remax_bench_kls.append(experience.kl)\n"
             "            experience.kl = None\n",
         ),
@@ -131,7 +174,7 @@ EDITS = {
             "\n"
             "        # ── Normalize advantages across all experiences ──\n",
         ),
-        ("class RemoteExperienceMaker", RECORD + "class RemoteExperienceMaker"),
+        ("class RemoteExperienceMaker", RECORD + MISMATCH + "class RemoteExperienceMaker"),
     ],
 }
 
