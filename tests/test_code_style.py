@@ -261,3 +261,18 @@ def test_code_inside_a_framework_imports_only_its_environment_and_the_harness_ne
                 if at_import and top != "harness" and top not in sys.stdlib_module_names:
                     third_party.add(top)
         assert third_party <= brings, f"{allowed} brings {sorted(third_party - brings)} into a framework's environment"
+
+
+def test_every_how_long_figure_shown_to_users_comes_from_one_dated_source():
+    """Issue #53: harness/durations.py holds each profile's measured, dated duration; the README says it as it stands
+    there, and no other module of the harness writes a duration of its own into what users read."""
+    from harness.durations import DURATIONS, how_long
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    for profile, (figure, measured, _) in DURATIONS.items():
+        assert f"{figure}, measured {measured}" == how_long(profile)
+        assert f"{figure}, measured {measured}" in readme, f"the README does not say {profile}'s {how_long(profile)}"
+    figure = re.compile(r"\b\d+(-\d+)? ?min(utes)? on \d+ cores")
+    found = [f"{p.relative_to(REPO)}" for p in (REPO / "harness").rglob("*.py")
+             if p.name != "durations.py" and figure.search(p.read_text())]
+    assert found == [], f"a duration written outside harness/durations.py: {found}"

@@ -33,6 +33,7 @@ import pandas as pd
 from harness import HarnessError
 from harness.checkpoint import HEAD_FIELDS, checkpoint_config
 from harness.checkpoint import head_dim as checkpoint_head_dim
+from harness.durations import how_long
 from harness.io import OWNER, check_replaceable, read_document, read_json_object, write_json
 from harness.runtime import envs
 
@@ -336,8 +337,8 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
     if config["launch"]["gpus_per_node"] == 0:
         if adapter.cpu_env:
             return ("no GPU in this profile (launch.gpus_per_node 0); it runs on this CPU with "
-                    f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, 31-42 min "
-                    "on 2 cores)")
+                    f"`snakemake --cores all --configfile {CPU_FRAMEWORKS_PROFILE}` (launch.device cpu, "
+                    f"{how_long('cpu-frameworks')})")
         return f"needs GPUs (launch.gpus_per_node is 0 in this profile) and has no CPU path: {blocker}"
     if adapter.env is None:
         return "has no GPU environment: its adapter names no env" + (" (it runs on a CPU with launch.device cpu)"
