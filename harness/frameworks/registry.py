@@ -121,6 +121,9 @@ class Adapter:
     # (config, batch folder, output file) -> the framework's own training code's one update on harness.parity's
     # fixed batch, in its environment for the config (conformance_env), written to the file in harness.parity's form
     parity: Callable[[dict, Path, Path], None] | None = None
+    # Why its runs have no rollout/trainer mismatch figures (harness.results.metrics.MISMATCH), where its generation
+    # path records no sampler log-probs; empty: its runs record them (or, for an embedded backend, the report says why)
+    no_rollout_logprobs: str = ""
     # ---- its own figures and failures in the report
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,
     # against the harness's tokens/s: the report's cross-check says it beside the two figures.

@@ -202,8 +202,9 @@ def no_mismatch_reason(framework: str) -> str:
     if adapter is not None and adapter.run is not None and adapter.plan is None:
         return ("embedded backend: it samples from a copy of the decoder it trains, given the same weights after "
                 "every step, and keeps no log-probs of its samples")
-    return ("its runs logged no rollout log-probs: generated with the trained model itself (no engine's log-probs "
-            "to compare; not 0 by construction), or an engine whose log-probs the harness does not record yet")
+    if adapter is not None and adapter.no_rollout_logprobs:
+        return adapter.no_rollout_logprobs
+    return "its runs logged no rollout log-probs (its adapter records none, and says nothing of why)"
 
 
 def mismatch_table(runs: list[Run], frameworks: list[str], warmup: int) -> pd.DataFrame:

@@ -38,6 +38,9 @@ REMAX_FOLDERS = ("step3_rlhf_finetuning", "utils")
 # Read in the official ReMax code at REMAX_COMMIT.
 register_framework(Adapter(
     name=NAME,
+    no_rollout_logprobs="it samples with the trained actor itself (HF generate in DeepSpeed's hybrid engine) and keeps "
+                        "no log-prob of the sampler: not 0 by construction, since its hard-coded top-p 0.9 gives a "
+                        "sampled token a larger log-prob than the trainer's full softmax does",
     one_node="the deepspeed launcher needs a hostfile of the nodes for more, which this adapter does not write",
     description="DeepSpeed-Chat: the official ReMax code (liziniu/ReMax 536ba49) under the deepspeed launcher, "
                 "timed and scored by the harness launcher",

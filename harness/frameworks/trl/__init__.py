@@ -26,6 +26,8 @@ from harness.frameworks.trl.plan import NAME, STEPS_LOG
 
 register_framework(Adapter(
     name=NAME,
+    no_rollout_logprobs="it samples with the trained model itself (HF generate with a KV cache, no vLLM) and keeps no "
+                        "log-prob of the sampler: at temperature 1 and top-p 1 the two differ by rounding only",
     one_node="this adapter starts one node's processes (accelerate launch without a machine list)",
     description="TRL 1.16 (RLOOTrainer) with the harness's ReMax trainer: greedy baseline, per-token advantage",
     ingest=ingest.ingest,
