@@ -19,6 +19,6 @@ rule parity:
     conda:
         "../envs/harness.yaml"
     params:
-        inputs=INPUTS,
+        inputs=lambda w, input: os.path.dirname(input.dataset),
     shell:
         "remax-bench parity --config {input.config:q} --inputs {params.inputs:q} --out {output:q} > {log:q} 2>&1"
