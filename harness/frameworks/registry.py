@@ -117,12 +117,10 @@ class Adapter:
     run_conformance: Callable[[Path], pd.DataFrame | None] | None = None
     # The CPU environment its conformance check runs in where the config runs it on GPUs (conformance_env)
     check_env: str | None = None
-    # ---- update parity (None: no row of it in the report's "Same update?" table)
-    # (config, batch folder, output file) -> the framework's own training code's one update on harness.parity's
-    # fixed batch, in its environment for the config (conformance_env), written to the file in harness.parity's form
+    # ---- update parity (None: no row in the report's "Same update?" table): (config, batch folder, output file) ->
+    # its own training code's one update on harness.parity's batch, in its runs' environment, written in that form
     parity: Callable[[dict, Path, Path], None] | None = None
-    # Why its runs have no rollout/trainer mismatch figures (harness.results.metrics.MISMATCH), where its generation
-    # path records no sampler log-probs; empty: its runs record them (or, for an embedded backend, the report says why)
+    # Why its runs record no rollout/trainer mismatch (metrics.MISMATCH): its sampler keeps no log-probs; empty: they do
     no_rollout_logprobs: str = ""
     # ---- its own figures and failures in the report
     # What the framework's own throughput figure (metrics.FRAMEWORK_THROUGHPUT, where its ingest keeps one) counts,

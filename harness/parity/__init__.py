@@ -37,6 +37,7 @@ import math
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,14 +162,18 @@ def read_batch(folder: str | Path) -> tuple[dict, dict]:
 
 
 def grad_norm_hook(optimizer: torch.optim.Optimizer, record: dict) -> None:
-    """Record, at each step of `optimizer`, the norm of the gradient it receives (after any clipping) as
-    record['applied_grad_norm']: the seam every driver observes the applied gradient at."""
-    import torch
-
+    """Record the norm of the gradient `optimizer` receives at its step (after any clipping) as
+    record['applied_grad_norm']: the seam every driver observes the applied gradient at, for the one step a parity
+    update makes. Summed over the calls of that step: ZeRO steps the basic optimizer once per parameter group, with
+    only that group in param_groups."""
     def hook(opt: torch.optim.Optimizer, *_: Any) -> None:
-        # float64: a float32 norm of a ZeRO partition (one flat tensor of every weight) is off by ~1e-4 relative
-        grads = [p.grad.double().norm() for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        record["applied_grad_norm"] = float(torch.stack(grads).norm()) if grads else 0.0
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2's DTensor
+                    # float64: a float32 norm of a ZeRO partition (one flat tensor of every weight) is ~1e-4 off
+                    record["applied_sq"] = record.get("applied_sq", 0.0) + float(grad.double().norm()) ** 2
+        record["applied_grad_norm"] = record.get("applied_sq", 0.0) ** 0.5
     optimizer.register_step_pre_hook(hook)
 
 
@@ -206,19 +211,31 @@ def reference_update(folder: str | Path, remax: dict | None = None) -> dict:
                          "kl": f"in the reward, k1, coefficient {rc['kl_coef']}"}}
 
 
-def run_driver(python: Path, driver: Path, batch: Path, out: Path, args: list[str], framework: str,
+def driver_python(env: str, config: dict, ensure: Callable[[str], Path] | None = None) -> list[str]:
+    """The Python a parity driver runs under, as the framework's runs do (container.env_command): the venv's, built
+    first where missing (`ensure`: envs.ensure_env, or an adapter's own that also patches it), or the image's inside
+    `apptainer exec` under container.runtime apptainer."""
+    from harness.runtime import container, envs
+
+    if config["container"]["runtime"] == "apptainer":
+        return container.env_command(env, config, "python")
+    return [str((ensure or envs.ensure_env)(env))]
+
+
+def run_driver(python: list[str], driver: Path, batch: Path, out: Path, args: list[str], framework: str,
                gpu: bool = False) -> None:
-    """Run a framework's parity driver (`python driver --batch B --out O ARGS...`) in its environment: the update it
-    writes to `out`, checked; its stderr's tail in the error where it fails. `gpu`: the config's runs are on GPUs,
-    which the driver then sees (on a CPU config none, so that no framework picks a GPU the runs did not have)."""
+    """Run a framework's parity driver (`PYTHON driver --batch B --out O ARGS...`, PYTHON from driver_python) in its
+    environment: the update it writes to `out`, checked; its stderr's tail in the error where it fails. `gpu`: the
+    config's runs are on GPUs, which the driver then sees (on a CPU config none, so that no framework picks a GPU the
+    runs did not have)."""
     from harness.runtime.envs import REPO
 
-    proc = subprocess.run([str(python), str(driver), "--batch", str(batch), "--out", str(out), *args],
+    proc = subprocess.run([*python, str(driver), "--batch", str(batch), "--out", str(out), *args],
                           capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO), **({} if gpu else {"CUDA_VISIBLE_DEVICES": ""})})
     if proc.returncode:
-        raise HarnessError(f"{framework}: its parity driver ({driver.relative_to(REPO)}) failed in {python}:\n"
-                           f"{(proc.stderr or proc.stdout)[-3000:]}")
+        raise HarnessError(f"{framework}: its parity driver ({driver.relative_to(REPO)}) failed in "
+                           f"{' '.join(python)}:\n{(proc.stderr or proc.stdout)[-3000:]}")
     read_update(out)
 
 

@@ -75,9 +75,11 @@ def conformance_inputs(wildcards):
 
 
 def parity_inputs(wildcards):
-    """The environments the parity drivers run in (the runs' own) and the pinned sources."""
+    """The environments the parity drivers run in (the runs' own: venvs, or images under apptainer) and the pinned
+    sources."""
     envs = sorted({environment(get_adapter(fw), config) for fw in PARITY})
-    return [f"{RESULTS}/{layout.ENV_STAMP.format(env=env)}" for env in envs] + sources(PARITY, config)
+    made = layout.IMAGE_RECORD if config["container"]["runtime"] == "apptainer" else layout.ENV_STAMP
+    return [f"{RESULTS}/{made.format(env=env)}" for env in envs] + sources(PARITY, config)
 
 
 def image_inputs(wildcards):

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from harness.frameworks.dschat import plan
 from harness.frameworks.registry import environment, get_adapter, on_cpu
-from harness.parity import ACTOR, REF, read_batch, run_driver
-from harness.runtime.envs import ensure_env
+from harness.parity import ACTOR, REF, driver_python, read_batch, run_driver
 
 DRIVER = Path(__file__).with_name("inside") / "parity_driver.py"
 
@@ -57,4 +56,4 @@ def parity(config: dict, batch: Path, out: Path) -> None:
     # a folder without "llama" in its path: DeepSpeed-Chat loads a slow LlamaTokenizer for such a path (plan.plan)
     with tempfile.TemporaryDirectory(prefix="dschat-parity-") as work:
         args = driver_args(config, Path(batch), Path(work))
-        run_driver(ensure_env(env), DRIVER, Path(batch), Path(out), args, plan.NAME, gpu=not on_cpu(config))
+        run_driver(driver_python(env, config), DRIVER, Path(batch), Path(out), args, plan.NAME, gpu=not on_cpu(config))

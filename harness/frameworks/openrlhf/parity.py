@@ -28,7 +28,7 @@ from harness.frameworks.determinism import determinism
 from harness.frameworks.openrlhf import plan
 from harness.frameworks.openrlhf.conformance import ensure_validate_env
 from harness.frameworks.registry import environment, get_adapter, on_cpu
-from harness.parity import ACTOR, read_batch, run_driver
+from harness.parity import ACTOR, driver_python, read_batch, run_driver
 
 DRIVER = plan.INSIDE / "parity_driver.py"
 
@@ -57,6 +57,7 @@ def parity(config: dict, batch: Path, out: Path) -> None:
     config = {**config, "remax": settings["remax"]}
     env = environment(get_adapter(plan.NAME), config)
     assert env is not None  # OpenRLHF runs in an environment of its own
-    python = ensure_validate_env(name=env)  # the remax estimator is a patch of the installed package
+    # the remax estimator is a patch of the installed package: a venv is patched as it is got
+    python = driver_python(env, config, lambda name: ensure_validate_env(name=name))
     run_driver(python, DRIVER, Path(batch), Path(out), driver_args(config, Path(batch), settings["seed"]),
                plan.NAME, gpu=not on_cpu(config))

@@ -25,8 +25,7 @@ from pathlib import Path
 from harness.frameworks.determinism import determinism
 from harness.frameworks.registry import environment, get_adapter, on_cpu
 from harness.frameworks.trl.plan import NAME, STRICT, trainer_settings
-from harness.parity import read_batch, run_driver
-from harness.runtime.envs import ensure_env
+from harness.parity import driver_python, read_batch, run_driver
 
 DRIVER = Path(__file__).with_name("inside") / "parity_driver.py"
 
@@ -41,4 +40,4 @@ def parity(config: dict, batch: Path, out: Path) -> None:
     args = [*trainer_settings(probe, settings["seed"]), *determinism(probe, STRICT, None)[0]]
     env = environment(get_adapter(NAME), config)
     assert env is not None  # TRL always runs in an environment of its own
-    run_driver(ensure_env(env), DRIVER, batch, out, args, NAME, gpu=not on_cpu(config))
+    run_driver(driver_python(env, config), DRIVER, batch, out, args, NAME, gpu=not on_cpu(config))

@@ -26,8 +26,7 @@ from pathlib import Path
 from harness.frameworks.determinism import determinism
 from harness.frameworks.registry import environment, get_adapter, on_cpu
 from harness.frameworks.verl import plan
-from harness.parity import ACTOR, read_batch, run_driver
-from harness.runtime.envs import ensure_env
+from harness.parity import ACTOR, driver_python, read_batch, run_driver
 
 DRIVER = Path(__file__).with_name("inside") / "parity_driver.py"
 
@@ -55,5 +54,5 @@ def parity(config: dict, batch: Path, out: Path) -> None:
     """verl's update on the batch, written to `out` (harness.parity's driver form)."""
     env = environment(get_adapter(plan.NAME), config)
     assert env is not None  # verl runs in an environment of its own
-    run_driver(ensure_env(env), DRIVER, Path(batch), Path(out), driver_args(config, Path(batch)), plan.NAME,
+    run_driver(driver_python(env, config), DRIVER, Path(batch), Path(out), driver_args(config, Path(batch)), plan.NAME,
                gpu=not on_cpu(config))

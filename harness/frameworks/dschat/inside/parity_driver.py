@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import socket
 import sys
@@ -43,6 +42,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from harness.parity import grad_norm_hook
 
 HERE = Path(__file__).resolve().parent
 OWN_OPTIONS = ("--batch", "--out", "--checkout", "--ref", "--accelerator")
@@ -196,17 +197,8 @@ def train(args: Any, engine: Any, trainer: Any, exp: dict) -> dict:
     from utils.data.data_utils import MiniDataset
 
     actor = engine.actor
-    record = {"applied_sq": 0.0}
-
-    def applied_norm(opt: torch.optim.Optimizer, *_: Any) -> None:
-        # ZeRO steps the basic optimizer once per parameter group, with only that group in param_groups; its
-        # gradient is one flat fp32 partition, whose fp32 norm is off by ~1e-4 relative at 0.5M elements: float64
-        for g in opt.param_groups:
-            for p in g["params"]:
-                if p.grad is not None:
-                    record["applied_sq"] += float(p.grad.double().norm()) ** 2
-
-    actor.optimizer.optimizer.register_step_pre_hook(applied_norm)
+    record: dict = {}
+    grad_norm_hook(actor.optimizer.optimizer, record)  # the basic optimizer inside ZeRO's
     exp_dataset = MiniDataset(args.generation_batches, args.per_device_training_batch_size).add(exp)
     assert exp_dataset is not None
     if args.actor_gradient_checkpointing:
@@ -220,7 +212,7 @@ def train(args: Any, engine: Any, trainer: Any, exp: dict) -> dict:
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[
         next(actor.module.parameters()).dtype]
     actor.step()
-    return {"loss": loss, "returns": torch.cat(returns), "applied_grad_norm": math.sqrt(record["applied_sq"]),
+    return {"loss": loss, "returns": torch.cat(returns), "applied_grad_norm": record["applied_grad_norm"],
             "precision": precision, "micro_batches": len(exp_dataset)}
 
 

@@ -42,6 +42,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from harness.parity import grad_norm_hook
+
 CALLS = [
     "openrlhf.cli.train_ppo_ray (its __main__ argument parser and checks)",
     "openrlhf.utils.get_strategy",
@@ -264,11 +266,7 @@ def train_one_step(policy: Any, experiences: list, kl_ctl: Any) -> tuple[dict, d
     trainer.strategy.backward = recording_backward
     base = torch_optimizer(engine)
 
-    def applied(opt: torch.optim.Optimizer, *_: Any) -> None:
-        grads = [p.grad.double().norm() for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        record["applied_grad_norm"] = float(torch.stack(grads).norm()) if grads else 0.0
-
-    base.register_step_pre_hook(applied)
+    grad_norm_hook(base, record)
     before = master_weights(engine)  # the optimizer's fp32 copy starts from the weights rounded to bf16 as loaded
     for e in experiences:  # PPOTrainer.train_step: the actor group's append, then fit with kl_ctl.value
         policy.append(e)

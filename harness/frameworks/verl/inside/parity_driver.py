@@ -123,20 +123,6 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _applied_grad_norm_hook(optimizer: torch.optim.Optimizer, record: dict) -> None:
-    """harness.parity.grad_norm_hook's seam (the gradient the optimizer step receives), for FSDP2's DTensor
-    gradients, whose norms are gathered into plain tensors first."""
-    def hook(opt: torch.optim.Optimizer, *_: Any) -> None:
-        norms = []
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                    norms.append(g.float().norm())
-        record["applied_grad_norm"] = float(torch.stack(norms).norm()) if norms else 0.0
-    optimizer.register_step_pre_hook(hook)
-
-
 def _name(fn: Any) -> str:
     fn = getattr(fn, "__wrapped__", fn)
     return f"{fn.__module__}.{fn.__qualname__}"
@@ -264,7 +250,7 @@ def main() -> None:
     args = parser.parse_args()
     _set_env(args.env)
 
-    from harness.parity import read_batch, save_update
+    from harness.parity import grad_norm_hook, read_batch, save_update
 
     batch, _ = read_batch(args.batch)
     config = _config(args.overrides)
@@ -273,7 +259,7 @@ def main() -> None:
 
     actor_worker, ref_worker = _build_roles(config, args.batch)
     record: dict = {}
-    _applied_grad_norm_hook(actor_worker.actor.engine.optimizer, record)
+    grad_norm_hook(actor_worker.actor.engine.optimizer, record)
     trainer = _stand_in_trainer(config, actor_worker, ref_worker)
     data, metrics = _train_one_step(trainer, batch, config)
     save_update(_collect_output(trainer, data, metrics, batch, (actor_worker, ref_worker), record), args.out)
