@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.frameworks.determinism import determinism
 from harness.frameworks.openrlhf import plan
 from harness.frameworks.openrlhf.conformance import ensure_validate_env
 from harness.frameworks.registry import environment, get_adapter, on_cpu
@@ -41,8 +40,7 @@ def driver_args(config: dict, batch: Path, seed: int) -> list[str]:
     env_vars: dict[str, str] = {}
     if on_cpu(config):
         argv, env_vars, _ = plan.cpu_launch(config, policy, argv)
-    knobs = [*plan.STRICT, plan.REQUEST_SEEDS, plan.SAMPLE_ORDER] + ([] if on_cpu(config) else [plan.BATCH_INVARIANT])
-    strict_args, strict_env, _, _ = determinism(config, knobs, plan.CPU_NOT_STRICT if on_cpu(config) else None)
+    strict_args, strict_env, _, _ = plan.strict_settings(config)
     argv += [a for a in strict_args if a not in argv]
     env_vars.update(strict_env)
     # the flags start after the module name: what precedes it is the interpreter (or a container) running it

