@@ -20,7 +20,7 @@ from conftest import REPO, clone_with_commit, run_cli
 
 from harness import HarnessError
 from harness.comparison.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
-from harness.comparison.paired import decide
+from harness.comparison.paired import decide, look_alpha
 from harness.io import write_json
 from harness.results.student_t import t_quantile
 
@@ -55,7 +55,7 @@ def sequence(rng: np.random.Generator, ratio: float, noise: float, max_pairs: in
     """One A/B as `ab` runs it, on pairs whose log ratio B/A is drawn around log(ratio)."""
     draws = list(rng.normal(math.log(ratio), noise, max_pairs))
     for n in range(min_pairs, max_pairs + 1):
-        verdict = decide(draws[:n], alpha=alpha, looks=max_pairs - min_pairs + 1, resolution=0.03,
+        verdict = decide(draws[:n], level=look_alpha(alpha, min_pairs, max_pairs), resolution=0.03,
                          final=n == max_pairs)
         if verdict["verdict"] != "continue":
             return verdict
@@ -67,7 +67,7 @@ def test_a_known_slowdown_is_recovered_inside_its_interval_and_called_slower():
     verdicts = [sequence(rng, 0.90, 0.02) for _ in range(200)]  # B 10% slower, 2% noise per pair
     assert sum(v["verdict"] == "slower" for v in verdicts) >= 195
     inside = [v["low"] <= 0.10 <= v["high"] for v in verdicts if v["verdict"] == "slower"]
-    assert sum(inside) >= 0.97 * len(inside)  # each look's interval is at 1 - alpha / looks, wider than 95%
+    assert sum(inside) >= 0.97 * len(inside)  # each look's interval is at 1 - level, wider than 95%
     assert verdicts[0]["text"].startswith("B is ") and "% slower (CI " in verdicts[0]["text"]
 
 
@@ -79,6 +79,23 @@ def test_a_against_a_is_not_called_slower_beyond_the_stated_rate_over_all_looks(
     same = [v for v in verdicts if v["verdict"] == "same"]
     assert same and all(max(abs(v["low"]), abs(v["high"])) <= 0.03 for v in same)
     assert same[0]["text"].startswith("no difference larger than ")
+
+
+def test_the_boundary_holds_a_against_a_to_alpha_over_a_hundred_looks_at_several_times_bonferronis_level():
+    """paired.look_alpha is set on its own simulated paths; here other paths (another seed, another spread) take
+    every look from pair 3 to 100 at that level: the chance that any look calls A against A different is alpha
+    within 3 standard errors, where Bonferroni's alpha / 98 would hold it to about a sixth of that (and need about
+    30% more pairs to see the same change)."""
+    level = look_alpha(0.01, 3, 100)
+    assert level > 4 * 0.01 / 98, level
+    rng = np.random.default_rng(99)
+    x = rng.normal(0.0, 0.047, (20_000, 100))
+    n = np.arange(1, 101)
+    mean = x.cumsum(axis=1) / n
+    sd = np.sqrt(np.maximum((x * x).cumsum(axis=1) - n * mean ** 2, 0)[:, 2:] / (n[2:] - 1))
+    t = np.abs(mean[:, 2:]) / (sd / np.sqrt(n[2:]))
+    called = (t > np.array([t_quantile(level, k - 1) for k in n[2:]])).any(axis=1).mean()
+    assert abs(called - 0.01) <= 3 * math.sqrt(0.01 * 0.99 / len(x)), called
 
 
 def test_a_seed_with_one_pair_has_no_interval_and_the_record_is_still_written(tmp_path):
@@ -95,16 +112,19 @@ def test_a_seed_with_one_pair_has_no_interval_and_the_record_is_still_written(tm
 
 def test_the_page_shows_no_interval_too_wide_to_bound_a_change(tmp_path):
     """Issue 53: a seed's row with one or two pairs printed "-100.0% to +1478349399804444409856.0%" and "n/a to n/a"
-    (t with 1 degree of freedom at the looks' alpha). The row says it cannot bound the change, and the figure draws no
-    such bar; a row with pairs enough keeps its interval."""
+    (t with 1 degree of freedom at the looks' level). A row of fewer than 3 pairs says so, one of more whose interval
+    is too wide to bound a change says that, and the figure draws no such bar; a row with pairs enough keeps its
+    interval."""
     from harness.report.ab import _interval
 
     pairs = [{"seed": s, "A_throughput_tok_s": 100.0, "B_throughput_tok_s": b}
-             for s, b in ((1, 95.0), (1, 60.0), (2, 95.0), (3, 95.0), (3, 95.2), (3, 94.9), (3, 95.1))]
+             for s, b in ((1, 95.0), (1, 60.0), (2, 95.0), (3, 95.0), (3, 95.2), (3, 94.9), (3, 95.1), (4, 95.0),
+                          (4, 40.0), (4, 150.0))]
     rows = {r["seed"]: r for r in _seed_rows(pairs, 0.001)}
-    assert _interval(rows[1]) == "too wide to bound with 2 pair(s)" and rows[1]["high"] / rows[1]["low"] > 1000
-    assert _interval(rows[2]) == "too wide to bound with 1 pair(s)"
+    assert _interval(rows[1]) == "too few pairs to bound (2)" and rows[1]["high"] / rows[1]["low"] > 1000
+    assert _interval(rows[2]) == "too few pairs to bound (1)"
     assert _interval(rows[3]).startswith("-5.") and " to -4." in _interval(rows[3]), _interval(rows[3])
+    assert _interval(rows[4]) == "too wide to bound with 3 pairs", rows[4]
 
 
 def test_too_few_pairs_for_the_noise_is_inconclusive_with_the_pairs_needed():
@@ -131,10 +151,10 @@ def test_the_machines_drift_cancels_at_equal_machine_speed_unless_the_probe_itse
     pairs = _probed_pairs(rng, 0.95, 1.0)
     basis = decision_basis(pairs, True, 0.001)
     assert basis == EQUAL_SPEED
-    verdict = decide([math.log(p[f"B_{basis}"] / p[f"A_{basis}"]) for p in pairs], alpha=0.01, looks=10,
-                     resolution=0.03, final=True)
+    verdict = decide([math.log(p[f"B_{basis}"] / p[f"A_{basis}"]) for p in pairs], level=0.001, resolution=0.03,
+                     final=True)
     assert verdict["verdict"] == "slower" and verdict["low"] < 0.05 < verdict["high"], verdict
-    raw = decide([math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]) for p in pairs], alpha=0.01, looks=10,
+    raw = decide([math.log(p["B_throughput_tok_s"] / p["A_throughput_tok_s"]) for p in pairs], level=0.001,
                  resolution=0.03, final=True)
     assert raw["verdict"] == "inconclusive"  # the same pairs as measured: the drift hides 5%
     # B's probe twice as slow: the probe no longer measures only the machine, and dividing by it would cancel B's
@@ -167,6 +187,26 @@ def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the
     assert not probe_comparable((a, arm("B6", wider)), None)
 
 
+def test_a_pairs_runs_go_side_by_side_only_where_each_has_cores_of_its_own(tmp_path):
+    from harness.comparison.ab import Arm, side_by_side
+
+    def arm(label: str, reference: dict) -> Arm:
+        config = tmp_path / f"{label}.json"
+        config.write_text(json.dumps({"reference": reference}))
+        return Arm(label, label, config=config)
+
+    cores = sorted(os.sched_getaffinity(0))
+    one = {"device": "cpu", "threads": 1}
+    assert side_by_side((arm("A", one), arm("B", one)), None) == ([[cores[0]], [cores[1]]] if len(cores) >= 2
+                                                                  else None)
+    assert side_by_side((arm("A", one), arm("B", one)), "verl-cpu") is None  # a planned framework's GPUs, ports, Ray
+    for other in ({"device": "cpu", "threads": 0},  # torch's own count: every core
+                  {"device": "cpu", "threads": len(cores)},  # no room for a second run
+                  {"device": "cuda", "threads": 1}):
+        assert side_by_side((arm("A", other), arm("B", other)), None) is None, other
+    assert side_by_side((arm("A", one), arm("B", {"device": "cpu", "threads": 2})), None) is None
+
+
 @pytest.fixture(scope="module")
 def two_commits(tmp_path_factory):
     """A clone of this repository's HEAD with one commit on top that makes the policy's forward pass slower."""
@@ -187,7 +227,11 @@ def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour
     assert proc.returncode == 1, proc.stdout + proc.stderr  # exit 1: slower
     assert record["verdict"]["verdict"] == "slower" and record["verdict"]["change"] > 0
     assert record["verdict"]["low"] > 0 and proc.stdout.splitlines()[-1].startswith("B is ")
-    assert [p["order"] for p in record["pairs"]][:2] == ["AB", "BA"]  # ABBA
+    # Both runs of a pair at once where the machine has a core for each run's one thread, the arms swapping cores
+    # from pair to pair (the first run of "AB" on the first set); else ABBA.
+    cores = sorted(os.sched_getaffinity(0))
+    assert record["side_by_side"] == ([[cores[0]], [cores[1]]] if len(cores) >= 2 else None)
+    assert [p["order"] for p in record["pairs"]][:2] == ["AB", "BA"]
     assert [p["seed"] for p in record["pairs"]][:2] == [1, 2]
     # The verdict's interval is the decided figure's; tokens/s as measured carries the machine's drift, and with the
     # two pairs a clear slowdown stops at its interval is wide (t with one degree of freedom): only its ratio is held.
@@ -263,7 +307,7 @@ def test_with_a_split_a_commit_is_placed_on_its_side_in_few_pairs_despite_noise_
 def sequence_split(rng: np.random.Generator, ratio: float, split: float) -> dict:
     draws = list(rng.normal(math.log(ratio), 0.1, 12))
     for n in range(3, 13):
-        verdict = decide(draws[:n], alpha=0.01, looks=10, resolution=0.03, final=n == 12, split=split)
+        verdict = decide(draws[:n], level=0.001, resolution=0.03, final=n == 12, split=split)
         if verdict["verdict"] != "continue":
             return verdict
     raise AssertionError("the last look must decide")

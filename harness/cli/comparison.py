@@ -12,7 +12,8 @@ from harness.cli.args import at_least, fraction, json_object, minutes, seed_list
 
 def _ab_limits(args: argparse.Namespace) -> dict:
     return {"framework": args.framework, "seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
-            "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha}
+            "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha,
+            "together": not args.one_at_a_time}
 
 
 def _ab_options(sp: argparse.ArgumentParser) -> None:
@@ -20,14 +21,18 @@ def _ab_options(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--framework", help="the framework both arms run (default: the config's one framework)")
     sp.add_argument("--out", required=True)
     sp.add_argument("--seeds", type=seed_list, help="seeds, comma-separated (default: the config's)")
-    sp.add_argument("--max-pairs", type=at_least(2), default=30, help="hard cap on pairs (default: %(default)s)")
+    sp.add_argument("--max-pairs", type=at_least(2), default=100,
+                    help="hard cap on pairs, at most 500 (default: %(default)s)")
     sp.add_argument("--min-pairs", type=at_least(2), default=3,
                     help="pairs before the first look (default: %(default)s)")
     sp.add_argument("--max-minutes", type=minutes, default=15.0, help="hard cap on time (default: %(default)s)")
-    sp.add_argument("--resolution", type=fraction, default=0.03,
+    sp.add_argument("--resolution", type=fraction, default=0.02,
                     help="'no difference' needs the interval within this fraction (default: %(default)s)")
     sp.add_argument("--alpha", type=fraction, default=0.01,
                     help="chance that A against A is called different, over all looks (default: %(default)s)")
+    sp.add_argument("--one-at-a-time", action="store_true",
+                    help="run a pair's two runs one after the other even where they could run side by side, each "
+                         "on its own cores (the embedded backend on a CPU with room for both)")
 
 
 def _repo() -> Path:
@@ -80,8 +85,10 @@ def _ab(sub: argparse._SubParsersAction) -> None:
 def cmd_bisect(args: argparse.Namespace) -> None:
     from harness.comparison.bisect import bisect
 
-    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items() if k != "seeds" and v is not None]
+    ab_args = [f"--{k.replace('_', '-')}={v}" for k, v in _ab_limits(args).items()
+               if k not in ("seeds", "together") and v is not None]
     ab_args += [f"--seeds={','.join(map(str, args.seeds))}"] if args.seeds else []
+    ab_args += ["--one-at-a-time"] if args.one_at_a_time else []
     bisect(_repo(), args.good, args.bad, Path(args.config), Path(args.out), ab_args,
            confirmed_by=Path(args.confirmed_by) if args.confirmed_by else None, framework=args.framework)
 

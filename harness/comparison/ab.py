@@ -5,10 +5,12 @@ An arm is a commit of this repository (a git ref, checked out into a worktree of
 by its path) with an optional config override and, for a planned framework, an optional environment description (the
 framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the config's one framework (the embedded
 reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
-seeds from one set of inputs, built once and checked by sha256 in every run's manifest. Pairs run in ABBA order
-(A B, B A, ...) so that a machine slowing down over the hour costs both arms alike, and pair k uses seed k mod
-len(seeds). After each pair from the `min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal
-machine speed where both arms' runs time the reference backend's probe alike (decision_basis); per-phase step times
+seeds from one set of inputs, built once and checked by sha256 in every run's manifest. A pair's two runs run side by
+side on cores of their own where both are the embedded backend on a CPU with room for both (side_by_side), the arms
+swapping cores from pair to pair, so that the machine's moment costs both alike; else in ABBA order (A B, B A, ...),
+so that a machine slowing down over the hour does. Pair k uses seed k mod len(seeds). After each pair from the
+`min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal machine speed where both arms' runs time
+the reference backend's probe alike (decision_basis); per-phase step times
 (generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves
 are compared step by step, so a change in behaviour is told apart from a change in speed.
 
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import HarnessError
-from harness.comparison.paired import decide, interval
+from harness.comparison.paired import decide, interval, look_alpha
 from harness.config import MAX_CONFIG_BYTES
 from harness.frameworks import get_adapter
 from harness.frameworks.registry import environment
@@ -55,6 +57,7 @@ TRAIN_MODULE = "harness/runs/train.py"  # where an arm's harness trains a run (o
 EQUAL_SPEED = "throughput_equal_speed"
 FIGURES = {**PHASES, EQUAL_SPEED: "tokens/s at equal machine speed", PROBE: "machine-speed probe (time)"}
 EXIT = {"same": 0, "faster": 0, "not slower": 0, "slower": 1, "inconclusive": 4}
+MAX_PAIRS = 500  # the sequential boundary is simulated over every look (paired.look_alpha): seconds at this cap
 
 
 @dataclass
@@ -113,19 +116,28 @@ def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
     arm.commit, arm.tree, arm.worktree = proc.stdout.strip(), where, True
 
 
-def _cli(arm: Arm, *args: object, log: Path) -> None:
-    """This arm's own CLI (its checkout first on the path), output to `log`; a failure names the arm and the log."""
+def _start(arm: Arm, *args: object, log: Path, cores: list[int] | None = None) -> subprocess.Popen:
+    """This arm's own CLI (its checkout first on the path) started, output to `log`, on `cores` where given."""
     assert arm.tree is not None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(arm.tree), os.environ.get("PYTHONPATH")) if p),
            **({"REMAX_BENCH_ENVS": str(arm.env_root)} if arm.env_root else {})}
     with open(log, "a") as f:
         # -P: the current directory (where relative paths of the config point) stays off the import path
-        proc = subprocess.run([sys.executable, "-P", "-m", "harness.cli", *map(str, args)], env=env, stdout=f,
-                              stderr=subprocess.STDOUT)
-    if proc.returncode:
+        return subprocess.Popen([sys.executable, "-P", "-m", "harness.cli", *map(str, args)], env=env, stdout=f,
+                                stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+
+
+def _finish(arm: Arm, proc: subprocess.Popen, log: Path, command: object) -> None:
+    """Wait for a started CLI; a failure names the arm, the command and the log."""
+    if proc.wait():
         tail = log.read_text(errors="replace")[-2000:]
-        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): `remax-bench {args[0]}` exited {proc.returncode} "
+        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): `remax-bench {command}` exited {proc.returncode} "
                            f"(log {log}):\n{tail}")
+
+
+def _cli(arm: Arm, *args: object, log: Path) -> None:
+    _finish(arm, _start(arm, *args, log=log), log, args[0])
 
 
 def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say: Callable[[str], None]) -> dict:
@@ -152,10 +164,28 @@ def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say:
     return {"description": str(spec), "digest": digest, "packages": freeze.stdout.split()}
 
 
-def _train(arm: Arm, framework: str, seed: int, run: Path, inputs: Path, timeout_min: float, log: Path) -> None:
-    """One run of the arm, trained by the arm's own code (harness.runs.train, through its CLI)."""
-    _cli(arm, "train", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs,
-         "--timeout-min", timeout_min, log=log)
+def _train(arm: Arm, framework: str, seed: int, run: Path, inputs: Path, timeout_min: float, log: Path,
+           cores: list[int] | None = None) -> subprocess.Popen:
+    """One run of the arm, started: trained by the arm's own code (harness.runs.train, through its CLI)."""
+    return _start(arm, "train", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs,
+                  "--timeout-min", timeout_min, log=log, cores=cores)
+
+
+def side_by_side(arms: tuple[Arm, Arm], env: str | None) -> list[list[int]] | None:
+    """Two sets of cores, one for each run of a pair, where both runs can run at once without sharing a core: the
+    embedded backend (no framework's GPUs, ports or Ray cluster) on the CPU, with the same fixed number of threads in
+    both arms, and at least twice that many cores this process may use. None otherwise: one run after the other."""
+    sections = [read_json_object(arm.config, "frozen config").get("reference") or {}  # type: ignore[arg-type]
+                for arm in arms]
+    threads, device = sections[0].get("threads"), sections[0].get("device")
+    if env is not None or sections[0] != sections[1] or not isinstance(threads, int) or threads < 1:
+        return None
+    if device == "auto":  # the backend's own rule: CUDA where there is one
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[:threads], cores[threads:2 * threads]] if device == "cpu" and len(cores) >= 2 * threads else None
 
 
 def phase_medians(run: Path, warmup: int) -> dict:
@@ -181,15 +211,16 @@ def _inputs_of(run: Path) -> dict:
 
 def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: str | None = None,
             seeds: list[int] | None = None,
-            max_pairs: int = 30, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.03,
-            alpha: float = 0.01, split: float | None = None, say: Callable[[str], None] = print,
-            render: Callable[[dict, Path], None] | None = None) -> dict:
+            max_pairs: int = 100, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.02,
+            alpha: float = 0.01, split: float | None = None, together: bool = True,
+            say: Callable[[str], None] = print, render: Callable[[dict, Path], None] | None = None) -> dict:
     """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
-    is slower than A by more than this fraction (paired.decide). `render(record, dir)`: the page beside the record
-    (harness.report.ab), written before `out` appears."""
+    is slower than A by more than this fraction (paired.decide). `together`: a pair's runs side by side where they
+    can be (side_by_side). `render(record, dir)`: the page beside the record (harness.report.ab), written before
+    `out` appears."""
     repo, out = repo.resolve(), out.resolve()
-    if min_pairs < 2 or max_pairs < min_pairs:
-        raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs})")
+    if not 2 <= min_pairs <= max_pairs <= MAX_PAIRS:
+        raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs}) <= {MAX_PAIRS}")
     raw = read_document(config, "config file", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(raw, dict):
         raise HarnessError(f"ab: --config {config}: not a mapping of config keys")
@@ -202,7 +233,7 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
         tmp.mkdir()
         try:
             record = _run(repo, config, raw, (a, b), tmp, out, seeds,
-                          (max_pairs, min_pairs, max_minutes, resolution, alpha, split), say)
+                          (max_pairs, min_pairs, max_minutes, resolution, alpha, split), together, say)
         finally:
             for arm in (a, b):
                 if arm.worktree and arm.tree is not None and arm.tree.exists():
@@ -292,37 +323,49 @@ def decision_basis(pairs: list[dict], comparable: bool, alpha: float) -> str:
     return "throughput_tok_s"
 
 
+def run_pair(arms: tuple[Arm, Arm], framework: str, config: dict, seed: int, k: int, inputs: Path, runs: Path,
+             logs: Path, cores: list[list[int]] | None) -> dict:
+    """Pair k + 1 on `seed`, its runs in `runs`: side by side on `cores` (the first set to A in an even pair, to B in
+    an odd one), else one after the other (A first in an even pair). Its figures per arm, and each run's steps."""
+    order = arms if k % 2 == 0 else arms[::-1]
+    started = []
+    for i, arm in enumerate(order):
+        run, log = runs / f"pair{k + 1}-{arm.label}-s{seed}", logs / f"{arm.label}.log"
+        started.append((arm, run, log, _train(arm, framework, seed, run, inputs,
+                                              config["launch"]["timeout_min"], log, cores[i] if cores else None)))
+        if not cores:
+            _finish(arm, started[-1][3], log, "train")
+    figures = {}
+    for arm, run, log, proc in started:
+        _finish(arm, proc, log, "train")
+        figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
+    if figures["A"]["inputs"] != figures["B"]["inputs"]:
+        raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
+                           f"{figures['A']['inputs']} against {figures['B']['inputs']})")
+    return {"pair": k + 1, "seed": seed, "order": "".join(arm.label for arm in order),
+            **{f"{arm}_{p}": figures[arm][p] for arm in "AB" for p in FIGURES},
+            "steps": {arm: figures[arm]["steps"] for arm in "AB"}}
+
+
 def _pairs(arms: tuple[Arm, Arm], framework: str, config: dict, seeds: list[int], tmp: Path,
            logs: Path, limits: tuple[int, int, float, float, float, float | None], started: float,
-           say: Callable[[str], None], comparable: bool) -> tuple[list[dict], dict]:
-    """Pairs of runs in ABBA order, pair k on seed k mod len(seeds), until paired.decide stops them (from the
-    `min_pairs`-th pair on) or the pairs or minutes run out. Returns the pairs and the last verdict."""
-    a, b = arms
+           say: Callable[[str], None], comparable: bool, cores: list[list[int]] | None) -> tuple[list[dict], dict]:
+    """Pairs of runs, side by side on `cores` (each arm on the first set in turn) or in ABBA order, pair k on seed k
+    mod len(seeds), until paired.decide stops them (from the `min_pairs`-th pair on) or the pairs or minutes run
+    out. Returns the pairs and the last verdict."""
     max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
+    level = look_alpha(alpha, min_pairs, max_pairs)
     pairs: list[dict] = []
     verdict = None
     for k in range(max_pairs):
         seed = seeds[k % len(seeds)]
-        order = (a, b) if k % 2 == 0 else (b, a)
-        figures = {}
-        for arm in order:
-            run = tmp / "runs" / f"pair{k + 1}-{arm.label}-s{seed}"
-            _train(arm, framework, seed, run, tmp / "inputs", config["launch"]["timeout_min"],
-                   logs / f"{arm.label}.log")
-            figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
-        if figures["A"]["inputs"] != figures["B"]["inputs"]:
-            raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
-                               f"{figures['A']['inputs']} against {figures['B']['inputs']})")
-        pairs.append({"pair": k + 1, "seed": seed, "order": "".join(arm.label for arm in order),
-                      **{f"{arm}_{p}": figures[arm][p] for arm in "AB" for p in FIGURES},
-                      "steps": {arm: figures[arm]["steps"] for arm in "AB"}})
+        pairs.append(run_pair(arms, framework, config, seed, k, tmp / "inputs", tmp / "runs", logs, cores))
         done = len(pairs)
         final = done == max_pairs or (time.monotonic() - started) / 60 >= max_minutes
         if done >= min_pairs or final:  # the time cap may come first: then it is inconclusive
-            looks = max_pairs - min_pairs + 1
-            basis = decision_basis(pairs, comparable, alpha / looks)
-            verdict = {**decide(log_ratios(pairs, basis), alpha=alpha, looks=looks, resolution=resolution,
-                                final=final, split=split), "basis": basis}
+            basis = decision_basis(pairs, comparable, level)
+            verdict = {**decide(log_ratios(pairs, basis), level=level, resolution=resolution, final=final,
+                                split=split), "basis": basis}
             say(f"remax-bench ab: pair {done} (seed {seed}, {pairs[-1]['order']}): {verdict['text']}")
             if verdict["verdict"] != "continue":
                 break
@@ -335,7 +378,8 @@ def _pairs(arms: tuple[Arm, Arm], framework: str, config: dict, seeds: list[int]
 
 
 def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, out: Path, seeds: list[int] | None,
-         limits: tuple[int, int, float, float, float, float | None], say: Callable[[str], None]) -> dict:
+         limits: tuple[int, int, float, float, float, float | None], together: bool,
+         say: Callable[[str], None]) -> dict:
     a, b = arms
     max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
     logs = tmp / "logs"
@@ -344,20 +388,22 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     seeds = seeds or frozen["seeds"]
     for what in ("dataset", "policy", "reward"):
         _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
+    cores = side_by_side(arms, env) if together else None
     started = time.monotonic()
     pairs, verdict = _pairs(arms, framework, frozen, seeds, tmp, logs, limits, started, say,
-                            probe_comparable(arms, env))
-    looks_alpha = alpha / (max_pairs - min_pairs + 1)
+                            probe_comparable(arms, env), cores)
+    level = look_alpha(alpha, min_pairs, max_pairs)
     return {
         "framework": framework,
         "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override,
                              "envs": arm.built} for arm in (a, b)},
-        "verdict": verdict, "alpha": alpha, "resolution": resolution, "split": split, "min_pairs": min_pairs,
-        "max_pairs": max_pairs, "max_minutes": max_minutes, "minutes": (time.monotonic() - started) / 60,
+        "verdict": verdict, "alpha": alpha, "level": level, "resolution": resolution, "split": split,
+        "min_pairs": min_pairs, "max_pairs": max_pairs, "max_minutes": max_minutes,
+        "minutes": (time.monotonic() - started) / 60, "side_by_side": cores,
         "seeds": seeds,
         "pairs": [{k: v for k, v in p.items() if k != "steps"} for p in pairs],
-        "phases": _phase_rows(pairs, looks_alpha),
-        "per_seed": _seed_rows(pairs, looks_alpha, verdict["basis"]), "decided_on": FIGURES[verdict["basis"]],
+        "phases": _phase_rows(pairs, level),
+        "per_seed": _seed_rows(pairs, level, verdict["basis"]), "decided_on": FIGURES[verdict["basis"]],
         "behaviour": _behaviour(pairs),
         "curves": {f"{arm}-s{p['seed']}": sampled_reward_curve(p["steps"][arm])
                    for p in pairs for arm in "AB"},

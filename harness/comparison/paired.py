@@ -3,16 +3,49 @@ drift cancels out of each pair's difference (docs/regression.md, "Is B slower th
 
 Each pair gives one log ratio B/A of a figure (tokens/s, or a phase's step time). Their mean has a Student-t interval;
 the comparison looks after every pair from the `min_pairs`-th on and stops as soon as it can decide, so each look
-is held to alpha / looks (Bonferroni over every look it may take): the chance that A against A is ever called
-different, over the whole sequence, is at most alpha.
+is held to a level (look_alpha) at which the chance that A against A is ever called different, over every look it
+may take, is alpha.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
-from harness.results.student_t import t_quantile
+import numpy as np
+
+from harness.results.student_t import central_t, t_quantile
+
+# Paths of A against A the boundary is set on; the rate it holds is alpha to within 2 standard errors of a binomial
+# over these (0.06 percentage points at alpha 0.01), from a fixed seed, so one (alpha, looks) gives one boundary.
+BOUNDARY_PATHS = 100_000
+BOUNDARY_SEED = 20261206
+
+
+@functools.cache
+def look_alpha(alpha: float, min_pairs: int, max_pairs: int) -> float:
+    """The two-sided level each look's t interval is held to, from the `min_pairs`-th pair to the `max_pairs`-th, so
+    that the chance any look excludes no change when there is none is alpha: Pocock's constant boundary, on the
+    t statistic's p-value. The looks' t statistics are correlated (each adds one pair to the last), so this level is
+    several times Bonferroni's alpha / looks (about 0.0012 against 0.0001 for alpha 0.01 and pairs 3 to 100), which
+    a 2% change needs. Under no change a paired t statistic's law does not depend on the pairs' spread, so paths of
+    standard normal pairs give the boundary for every spread: the alpha-quantile of each path's smallest p-value
+    over its looks. A p-value above alpha cannot move that quantile, so only the looks below it are evaluated."""
+    rng = np.random.default_rng(BOUNDARY_SEED)
+    total = np.zeros(BOUNDARY_PATHS)
+    squares = np.zeros(BOUNDARY_PATHS)
+    smallest = np.full(BOUNDARY_PATHS, alpha)
+    for n in range(1, max_pairs + 1):
+        x = rng.standard_normal(BOUNDARY_PATHS)
+        total += x
+        squares += x * x
+        if n >= min_pairs:
+            mean = total / n
+            t = np.abs(mean) / np.sqrt(np.maximum(squares - n * mean * mean, 0) / (n - 1) / n)
+            beyond = np.flatnonzero(t > t_quantile(alpha, n - 1))
+            smallest[beyond] = np.minimum(smallest[beyond], 1 - central_t(t[beyond], n - 1))
+    return float(np.quantile(smallest, alpha))
 
 
 def interval(log_ratios: Sequence[float], alpha: float) -> tuple[float, float, float]:
@@ -27,7 +60,7 @@ def interval(log_ratios: Sequence[float], alpha: float) -> tuple[float, float, f
     return mean, mean - half, mean + half
 
 
-def decide(log_ratios: Sequence[float], *, alpha: float, looks: int, resolution: float, final: bool,
+def decide(log_ratios: Sequence[float], *, level: float, resolution: float, final: bool,
            split: float | None = None) -> dict:
     """The verdict on tokens/s B/A after these pairs: {"verdict": slower | faster | same | not slower | inconclusive |
     continue, "text", "change", "low", "high", "pairs", "more_pairs"}. change/low/high are B's slowdown as a fraction
@@ -38,7 +71,7 @@ def decide(log_ratios: Sequence[float], *, alpha: float, looks: int, resolution:
     "slower" when the whole interval is above it, "not slower" when below, which takes far fewer pairs than proving
     no difference at all."""
     n = len(log_ratios)
-    mean, lo, hi = interval(log_ratios, alpha / looks)
+    mean, lo, hi = interval(log_ratios, level)
     change, slow_lo, slow_hi = 1 - math.exp(mean), 1 - math.exp(hi), 1 - math.exp(lo)
     out = {"change": change, "low": slow_lo, "high": slow_hi, "pairs": n, "more_pairs": 0}
     ci = f"CI {100 * slow_lo:.1f}% to {100 * slow_hi:.1f}%, {n} pairs"

@@ -43,21 +43,33 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * (x - 1):+.1f}%"
 
 
-# An interval wider than this factor (high / low) bounds nothing an A/B is for (a change of a few percent): with one or
-# two pairs its t quantile at the looks' alpha runs to the thousands ("-100.0% to +1478349399804444409856.0%").
+# With fewer pairs than this a row's t quantile at the looks' level runs to the thousands ("-100.0% to
+# +1478349399804444409856.0%" with two): the row says so instead of an interval.
+FEWEST_PAIRS_SHOWN = 3
+# An interval wider than this factor (high / low) bounds nothing an A/B is for (a change of a few percent).
 WIDEST_SHOWN = 4.0
 
 
 def _interval(row: dict) -> str:
     low, high = row["low"], row["high"]
+    if row["pairs"] < FEWEST_PAIRS_SHOWN:
+        return f"too few pairs to bound ({row['pairs']})"
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)) or low <= 0 \
             or high / low > WIDEST_SHOWN:
-        return f"too wide to bound with {row['pairs']} pair(s)"
+        return f"too wide to bound with {row['pairs']} pairs"
     return f"{_pct(low)} to {_pct(high)}"
 
 
 def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1000 * seconds:.3f}"
+
+
+def _how(record: dict) -> str:
+    cores = record["side_by_side"]
+    if not cores:
+        return "one run after the other in ABBA order"
+    return (f"each pair's runs side by side, on cores {','.join(map(str, cores[0]))} and "
+            f"{','.join(map(str, cores[1]))} in turn")
 
 
 def page(record: dict) -> str:
@@ -77,10 +89,10 @@ def page(record: dict) -> str:
              "Decided on tokens/s as measured (no machine-speed probe comparable between the arms).")
     lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
              basis, "", *arms, "",
-             f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, ABBA order, seeds "
-             f"{', '.join(map(str, record['seeds']))}; each look at alpha {record['alpha']:g} / "
-             f"{record['max_pairs'] - record['min_pairs'] + 1} looks (A against A is called different at most "
-             f"{100 * record['alpha']:g}% of the time); \"no difference\" needs the interval within "
+             f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, {_how(record)}, seeds "
+             f"{', '.join(map(str, record['seeds']))}; each of the looks from pair {record['min_pairs']} to "
+             f"{record['max_pairs']} at level {record['level']:.2g}, so that A against A is called different at most "
+             f"{100 * record['alpha']:g}% of the time over all of them; \"no difference\" needs the interval within "
              f"{100 * record['resolution']:g}%.", "",
              "## B against A, per phase (median after warm-up of each run; ratio B/A with its interval)", "",
              "| figure | B/A | interval | pairs |", "|---|---:|---|---:|"]

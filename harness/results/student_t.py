@@ -5,25 +5,33 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, TypeVar
+
+import numpy as np
+
+T = TypeVar("T", float, np.ndarray)
 
 
-def central_t(t: float, dof: int) -> float:
+def central_t(t: T, dof: int) -> T:
     """P(|T| <= t) for Student's t with an integer number of degrees of freedom: the finite series of Abramowitz and
-    Stegun 26.7.3 (odd) and 26.7.4 (even), exact up to rounding."""
-    theta = math.atan(t / math.sqrt(dof))
-    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    Stegun 26.7.3 (odd) and 26.7.4 (even), exact up to rounding; elementwise for an array of t (the A/B's sequential
+    boundary takes it for every simulated path at once)."""
+    theta = np.arctan(t / math.sqrt(dof))
+    c2: Any = np.cos(theta) ** 2
+    term: Any = 1.0
+    total: Any = 1.0
     if dof % 2:
         if dof == 1:
             return 2 * theta / math.pi
-        term = total = math.cos(theta)
+        term = total = np.cos(theta)
         for k in range(3, dof - 1, 2):  # (2*4*...*(k-1)) / (1*3*...*k) cos^k
-            term *= c2 * (k - 1) / k
-            total += term
-        return 2 / math.pi * (theta + math.sin(theta) * total)
+            term = term * c2 * (k - 1) / k
+            total = total + term
+        return 2 / math.pi * (theta + np.sin(theta) * total)
     for k in range(2, dof - 1, 2):  # (1*3*...*(k-1)) / (2*4*...*k) cos^k
-        term *= c2 * (k - 1) / k
-        total += term
-    return math.sin(theta) * total
+        term = term * c2 * (k - 1) / k
+        total = total + term
+    return np.sin(theta) * total
 
 
 @functools.cache  # a bisection of 200 steps; the same few (alpha, dof) recur in every verdict
@@ -40,4 +48,4 @@ def t_quantile(alpha: float, dof: int) -> float:
 
 def two_sided_p(t: float, dof: int) -> float:
     """P(|T| >= |t|) for Student's t with `dof` degrees of freedom."""
-    return max(0.0, 1.0 - central_t(abs(t), dof))
+    return max(0.0, 1.0 - float(central_t(abs(t), dof)))

@@ -100,6 +100,18 @@ def _world(runs: list[dict], config: dict) -> list[str]:
     return list(seen)
 
 
+def _threads(reruns: list[dict]) -> list[str]:
+    """torch's thread count, where a run took it from its machine (a config that leaves it to torch, or
+    OMP_NUM_THREADS) and the rerun's differs: it changes the order of floating-point sums, as another machine does."""
+    seen: dict[str, None] = {}
+    for r in (r for r in reruns if r["steps"] is not None):
+        recorded = r["manifest"].get("torch_threads")
+        now = read_json_object(r["dir"] / "manifest.json", "rerun manifest").get("torch_threads")
+        if recorded != now:
+            seen[f"{r['framework']} torch threads: recorded {recorded}, now {now}"] = None
+    return list(seen)
+
+
 def _check_sources(runs: list[dict], config: dict) -> None:
     """A framework whose code is a source checkout (DeepSpeed-Chat's ReMax) needs it where the config says, as the
     pipeline's NAME_checkout rule makes it: refused up front, naming how, rather than after the other reruns."""
@@ -237,6 +249,7 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
         _build_environments([r for r in original if r["again"]])
         world = _world(original, config)
         reruns = _rerun([r for r in original if r["again"]], config, inputs_dir, tmp, timeout_min)
+        world += _threads(reruns)
         done = [r for r in reruns if r["steps"] is not None]
         probe = {"original": _probe([r["steps"] for r in original], config)}
         if done:
