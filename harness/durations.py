@@ -7,14 +7,14 @@ from __future__ import annotations
 # profile -> (figure, date measured, how)
 DURATIONS = {
     "cpu-frameworks": (
-        "31-42 min on 2 cores", "2026-12-05",
-        "`snakemake --cores all --configfile workflows/config/cpu-frameworks.yaml` from a clean clone, environments "
-        "included: 31 and 34.9 min on two runs (42 min on a slower day of the same VM, before each environment kept "
-        "its own DeepSpeed ops); 15 of 15 runs ok"),
+        "31-57 min on 2 cores", "2026-12-06",
+        "`snakemake --cores all --configfile workflows/config/cpu-frameworks.yaml` from a clean clone: 31 and 34.9 "
+        "min on two runs of 2026-12-05, environments included; 57 min on 2026-12-06 on a host about 1.7x slower "
+        "(the reference's tokens/s 6,000-6,800 against 10,600-11,500), environments already built; 15 of 15 runs ok"),
 }
 
 
 def how_long(profile: str) -> str:
-    """The figure with its date, as users read it: "31-42 min on 2 cores, measured 2026-12-05"."""
+    """The figure with its date, as users read it: "31-57 min on 2 cores, measured 2026-12-06"."""
     figure, measured, _ = DURATIONS[profile]
     return f"{figure}, measured {measured}"

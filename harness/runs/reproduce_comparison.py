@@ -186,7 +186,9 @@ def _rerun(runs: list[dict], config: dict, inputs_dir: Path, out: Path, timeout_
     return reruns
 
 
-def _verdict(original: list[dict], reruns: list[dict], config: dict) -> dict:
+def judge(original: list[dict], reruns: list[dict], config: dict) -> dict:
+    """The verdict on reruns (each {framework, seed, dir, steps}: None where it failed) of the original's runs:
+    identical, or consistent or not figure by figure (harness.results.consistency), with both sides' tokens/s."""
     done = [r for r in reruns if r["steps"] is not None]
     steps = {(o["framework"], o["seed"]): o["steps"] for o in original}
     divergences = {(r["framework"], r["seed"]): first_divergence(steps[(r["framework"], r["seed"])], r["steps"])
@@ -259,7 +261,7 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
             summary.to_csv(tmp / layout.SUMMARY, index=False)
             probe["rerun"] = _probe([r["steps"] for r in done], config)
         record = {"source": str(source), "original": str(original_dir.resolve() if source.is_dir() else "original"),
-                  "world": world, "probe_s": probe, **_verdict(original, reruns, config),
+                  "world": world, "probe_s": probe, **judge(original, reruns, config),
                   "runs": [{"framework": r["framework"], "seed": r["seed"], "error": r["error"],
                             "seconds": r.get("seconds")} for r in reruns]}
         write_json(tmp / RECORD, _no_nan(record))
