@@ -5,12 +5,11 @@ An arm is a commit of this repository (a git ref, checked out into a worktree of
 by its path) with an optional config override and, for a planned framework, an optional environment description (the
 framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the config's one framework (the embedded
 reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
-seeds from one set of inputs, built once and checked by sha256 in every run's manifest. A pair's two runs run side by
-side on cores of their own where both are the embedded backend on a CPU with room for both (side_by_side), the arms
-swapping cores from pair to pair, so that the machine's moment costs both alike; else in ABBA order (A B, B A, ...),
-so that a machine slowing down over the hour does. Pair k uses seed k mod len(seeds). After each pair from the
-`min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal machine speed where both arms' runs time
-the reference backend's probe alike (decision_basis); per-phase step times
+seeds from one set of inputs, built once and checked by sha256 in every run's manifest. A pair's runs go side by side
+on cores of their own where both are the embedded backend on a CPU with room (side_by_side; the arms swap cores
+each pair), so the machine's moment costs both alike; else in ABBA order (A B, B A, ...). Pair k uses seed k mod
+len(seeds). After each pair from the `min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal
+machine speed where both arms' runs time the reference backend's probe alike (decision_basis); per-phase step times
 (generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves
 are compared step by step, so a change in behaviour is told apart from a change in speed.
 
@@ -172,18 +171,15 @@ def _train(arm: Arm, framework: str, seed: int, run: Path, inputs: Path, timeout
 
 
 def side_by_side(arms: tuple[Arm, Arm], env: str | None) -> list[list[int]] | None:
-    """Two sets of cores, one for each run of a pair, where both runs can run at once without sharing a core: the
-    embedded backend (no framework's GPUs, ports or Ray cluster) on the CPU, with the same fixed number of threads in
-    both arms, and at least twice that many cores this process may use. None otherwise: one run after the other."""
+    """A core set for each run of a pair, where both can run at once on cores of their own: the embedded backend (no
+    GPUs, ports or Ray cluster) on the CPU, the same fixed threads in both arms, twice that many cores; else None."""
     sections = [read_json_object(arm.config, "frozen config").get("reference") or {}  # type: ignore[arg-type]
                 for arm in arms]
     threads, device = sections[0].get("threads"), sections[0].get("device")
     if env is not None or sections[0] != sections[1] or not isinstance(threads, int) or threads < 1:
         return None
     if device == "auto":  # the backend's own rule: CUDA where there is one
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
     cores = sorted(os.sched_getaffinity(0))
     return [cores[:threads], cores[threads:2 * threads]] if device == "cpu" and len(cores) >= 2 * threads else None
 
@@ -336,9 +332,14 @@ def run_pair(arms: tuple[Arm, Arm], framework: str, config: dict, seed: int, k: 
         if not cores:
             _finish(arm, started[-1][3], log, "train")
     figures = {}
-    for arm, run, log, proc in started:
-        _finish(arm, proc, log, "train")
-        figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
+    try:
+        for arm, run, log, proc in started:
+            _finish(arm, proc, log, "train")
+            figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
+    finally:  # a failed run side by side leaves no other run of the pair behind
+        for *_, proc in started:
+            proc.kill()  # nothing to one that has ended
+            proc.wait()
     if figures["A"]["inputs"] != figures["B"]["inputs"]:
         raise HarnessError(f"ab: pair {k + 1}: the arms' runs used other inputs (manifests: "
                            f"{figures['A']['inputs']} against {figures['B']['inputs']})")
