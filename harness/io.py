@@ -177,6 +177,16 @@ def write_text(dest: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
+def nan_as_null(value: object) -> object:
+    """`value` with every float NaN in its dicts and lists as None (a figure a run does not have, the spread of an
+    untested one): JSON has no NaN, and write_json refuses one."""
+    if isinstance(value, dict):
+        return {k: nan_as_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_as_null(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def write_json(dest: str | os.PathLike, obj: object) -> None:
     write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 

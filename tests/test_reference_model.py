@@ -64,6 +64,16 @@ def test_log_probs_and_gradients_equal_the_transformers_model(model):
     assert torch.allclose(decoder.embed.grad, model.model.embed_tokens.weight.grad, atol=1e-5)
 
 
+def test_responses_of_one_token_each_are_scored(model):
+    # a batch in which every response is EOS at once (a policy pushed there, as with the KL term's sign flipped in
+    # benchmarks/reproduce_power.py) is one token wide: nothing after the prompt's last position to decode
+    ids, attn = prompts()
+    response = torch.full((6, 1), EOS)
+    theirs = token_logprobs(model, torch.cat([ids.repeat_interleave(2, 0), response], 1),
+                            torch.cat([attn.repeat_interleave(2, 0), torch.ones_like(response)], 1))[:, -1:]
+    assert torch.allclose(response_logprobs(Decoder(model), ids, attn, response, 2), theirs, atol=1e-5)
+
+
 def test_greedy_rows_are_transformers_greedy_and_sampled_rows_follow_their_prompt(model):
     ids, attn = prompts()
     decoder = Decoder(model)

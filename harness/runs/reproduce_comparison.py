@@ -23,7 +23,7 @@ from harness import HarnessError
 from harness.config import validate_config
 from harness.frameworks import env_spec, get_adapter
 from harness.inputs import resolve_inputs
-from harness.io import atomic_path, config_hash, read_json_object, write_json
+from harness.io import atomic_path, config_hash, nan_as_null, read_json_object, write_json
 from harness.results import layout
 from harness.results.consistency import run_figures, throughput_shares, verdicts
 from harness.results.metrics import read_metrics
@@ -219,16 +219,6 @@ def _probe(steps: list[pd.DataFrame], config: dict) -> float:
     return float(measured.median()) if measured.notna().any() else math.nan
 
 
-def _no_nan(value: object) -> object:
-    """The record with every NaN (a figure a run does not have, the spread of an untested one) as null: JSON has no
-    NaN."""
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
 def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[str] | None = None,
                          seeds: list[int] | None = None, inputs: str | Path | None = None,
                          timeout_min: float | None = None) -> dict:
@@ -264,5 +254,5 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
                   "world": world, "probe_s": probe, **judge(original, reruns, config),
                   "runs": [{"framework": r["framework"], "seed": r["seed"], "error": r["error"],
                             "seconds": r.get("seconds")} for r in reruns]}
-        write_json(tmp / RECORD, _no_nan(record))
+        write_json(tmp / RECORD, nan_as_null(record))
     return record

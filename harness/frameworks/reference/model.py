@@ -193,10 +193,12 @@ def response_logprobs(decoder: Decoder, ids: torch.Tensor, attn: torch.Tensor, r
     rows = torch.arange(len(ids), device=ids.device).repeat_interleave(n)
     first, context, position = _prefill(decoder, ids, attn, rows)
     width = response.shape[1]
-    rest, _ = decoder(response[:, :-1], position[:, None] + torch.arange(width - 1, device=ids.device),
-                      torch.ones_like(response[:, :-1], dtype=torch.bool), context)
-    logits = torch.cat([first[:, None], rest], 1).float()
-    return torch.log_softmax(logits, -1).gather(-1, response[..., None]).squeeze(-1)
+    logits = first[:, None]
+    if width > 1:  # a batch whose every response is one token (EOS first) has nothing after it to decode
+        rest, _ = decoder(response[:, :-1], position[:, None] + torch.arange(width - 1, device=ids.device),
+                          torch.ones_like(response[:, :-1], dtype=torch.bool), context)
+        logits = torch.cat([logits, rest], 1)
+    return torch.log_softmax(logits.float(), -1).gather(-1, response[..., None]).squeeze(-1)
 
 
 def unpacked(decoder: Decoder, model: PreTrainedModel) -> dict[str, torch.Tensor]:
