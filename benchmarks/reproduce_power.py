@@ -58,11 +58,20 @@ KL_LINE = ("    rewards = -kl_coef * kl * mask\n", "    rewards = kl_coef * kl *
 WORLDS = {"original": ("HEAD", {}), "another kernel path": ("HEAD", {"ATEN_CPU_CAPABILITY": "default"}),
           "KL flipped": ("flipped", {})}
 SFT_STEPS = 30
+KL_COEF = 0.05
 SET = 3  # seeds a side, as the profiles run
 
 
 def _cli(*args: object) -> list[str]:
     return [sys.executable, "-P", "-m", "harness.cli", *map(str, args)]
+
+
+def profile(kl_coef: float = KL_COEF) -> dict:
+    """cpu-short with the default profile's SFT steps and `kl_coef` (tests/test_reproduce_anywhere.py runs it too)."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["policy"]["sft"]["steps"] = SFT_STEPS
+    config["remax"]["kl_coef"] = kl_coef
+    return config
 
 
 def _trees(root: Path) -> dict[str, Path]:
@@ -83,12 +92,9 @@ def run(seeds: int, kl_coef: float, work: Path) -> None:
     work.mkdir(parents=True, exist_ok=False)
     with tempfile.TemporaryDirectory() as tmp:
         trees = _trees(Path(tmp))
-        base = yaml.safe_load(CONFIG.read_text())
-        base["policy"]["sft"]["steps"] = SFT_STEPS
-        base["remax"]["kl_coef"] = kl_coef
         head = {**os.environ, "PYTHONPATH": str(trees["HEAD"])}
-        subprocess.run(_cli("freeze-config", "--json", json.dumps(base), "--out", work / "config.json"), env=head,
-                       check=True)
+        subprocess.run(_cli("freeze-config", "--json", json.dumps(profile(kl_coef)), "--out", work / "config.json"),
+                       env=head, check=True)
         for what in ("dataset", "policy", "reward"):
             subprocess.run(_cli("inputs", what, "--config", work / "config.json", "--inputs", work / "inputs"),
                            env=head, check=True, stdout=subprocess.DEVNULL)
@@ -173,7 +179,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("run", "results"))
     ap.add_argument("--seeds", type=int, default=30)
-    ap.add_argument("--kl-coef", type=float, default=0.05)
+    ap.add_argument("--kl-coef", type=float, default=KL_COEF)
     ap.add_argument("--work", type=Path, default=Path("reproduce-power"))
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "data" / "reproduce_power.json")
     ap.add_argument("--sets", type=int, default=1000, help="sets of 3 seeds drawn for the shares")

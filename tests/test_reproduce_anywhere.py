@@ -2,8 +2,9 @@
 reproduce_comparison): on one host, what rounds the way another CPU does is torch's kernel path
 (ATEN_CPU_CAPABILITY=default: its scalar kernels instead of the AVX2/AVX-512 ones this CPU picks), and the rerun
 must call every figure consistent; a planted real change (the reference backend's learning rate cut tenfold, a commit
-in a clone) must be called not consistent. The original is the default profile's learning run of the reference
-backend (3 seeds x 400 steps): the figures are judged where there is learning to judge."""
+in a clone) must be called not consistent, and so must the KL term's sign flipped, on a profile where the KL term
+changes what is learnt. The original is the default profile's learning run of the reference backend (3 seeds x 400
+steps): the figures are judged where there is learning to judge."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from harness.io import record_hash
 from harness.runs.reproduce_comparison import RECORD
 
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.append(str(REPO / "benchmarks"))
 import browser_check
+import reproduce_power
 
 LR_LINE = ('return torch.optim.AdamW(trainer.parameters(), lr=rc["lr"])',
            'return torch.optim.AdamW(trainer.parameters(), lr=rc["lr"] * 0.1)')
@@ -74,6 +77,25 @@ def test_a_planted_learning_rate_change_is_not_consistent_and_its_commit_is_name
     verdicts = {f["figure"]: f["verdict"] for f in record["figures"]}
     assert "not consistent" in (verdicts["reward_gain"], verdicts["final_reward"]), record["figures"]
     assert any("1 file changed" in w for w in record["world"]), record["world"]
+
+
+def test_the_kl_terms_sign_flipped_is_not_consistent_where_the_kl_term_matters(tmp_path):
+    """At the profiles' kl_coef of 0.001 the KL term does not change what is learnt, so neither can its sign
+    (docs/reproducibility.md, "Measured"); benchmarks/reproduce_power.py's profile (cpu-short, 30 SFT steps, kl_coef
+    0.05) is one where it does, and its 3 seeds, rerun by a clone with the sign flipped, must be not consistent."""
+    (tmp_path / "profile.yaml").write_text(yaml.safe_dump(reproduce_power.profile()))
+    proc = snakemake(tmp_path, "--cores", "2", "--configfile", tmp_path / "profile.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    clone = clone_with_commit(tmp_path / "repo", "harness/remax.py", reproduce_power.KL_LINE,
+                              "the KL term's sign flipped")
+    out = tmp_path / "flipped"
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "reproduce", str(tmp_path / "results"), "--out",
+                           str(out)], cwd=clone, text=True, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(clone)})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the final reward is the figure the flip moves most: not consistent in 99.7% of the benchmark's 3-seed sets
+    verdicts = {f["figure"]: f["verdict"] for f in json.loads((out / RECORD).read_text())["figures"]}
+    assert verdicts["final_reward"] == "not consistent", verdicts
 
 
 def test_another_input_is_the_one_refusal_and_nothing_is_written(tiny, tmp_path):
