@@ -3,20 +3,22 @@ cpu-short profile, and in how many pairs and minutes.
 
     python benchmarks/ab_power.py run [--pairs 60] [--size 56] [--one-at-a-time] [--out benchmarks/data/ab_power.json]
     python benchmarks/ab_power.py results [--out ...] [--max-pairs 100] [--min-pairs 3] [--max-minutes 15]
+                                          [--aa-also OTHER.json ...]
 
 `run` clones this repository's HEAD, adds one commit that puts a needless eigenvalue decomposition of a size x size
-matrix into the policy's forward pass (test_ab.py's slower line, smaller: 72 cost 5.4%, 56 4.2%, 46 3.6%, 30 2.3%),
-and runs --pairs pairs of A (HEAD) against B (that commit) and as many of A against A, interleaved (AB, AA, BA, AA,
-...), each pair as `ab` runs it (ab.run_pair: side by side where ab.side_by_side finds a core for each run, else one
-after the other), pair k on seed k mod 3. Each pair's figures (ab.phase_medians: tokens/s, tokens/s at equal machine
-speed, the probe) and its wall time go to --out as they come.
+matrix into the policy's forward pass (test_ab.py's slower line, smaller: 72 cost 5.4%, 56 4.2%, 46 3.6%, 30 3.1%,
+24 2.6%), and runs --pairs pairs of A (HEAD) against B (that commit) and as many of A against A, interleaved (AB,
+AA, BA, AA, ...), each pair as `ab` runs it (ab.run_pair: side by side where ab.side_by_side finds a core for each
+run, else one after the other), pair k on seed k mod 3. Each pair's figures (ab.phase_medians: tokens/s, tokens/s at
+equal machine speed, the probe) and its wall time go to --out as they come.
 
 `results` replays `ab`'s sequential decision (ab.decision_basis, paired.decide, the same level, looks, minimum and
 time cap) on the recorded pairs in 4,000 random orders per arm pair (A against A's arms also swapped at random, as
 exchangeable arms may be; --max-pairs at most the pairs recorded): the chance that B is called slower, that A
 against A is called different, and the pairs and minutes a decision takes. The runs are real; only their order is
-resampled, which treats pairs as exchangeable (the interleaving is what makes them so). Nothing else should run on
-the machine meanwhile.
+resampled, which treats pairs as exchangeable (the interleaving is what makes them so); --aa-also pools other records'
+A against A pairs with this one's, for a false-alarm rate resting on more pairs. Nothing else should run on the
+machine meanwhile.
 """
 
 from __future__ import annotations
@@ -119,8 +121,11 @@ def _sequence(pool: list[dict], rng: np.random.Generator, max_pairs: int, min_pa
     raise AssertionError("the last look decides")
 
 
-def results(out: Path, max_pairs: int, min_pairs: int, max_minutes: float, alpha: float, resolution: float) -> None:
+def results(out: Path, max_pairs: int, min_pairs: int, max_minutes: float, alpha: float, resolution: float,
+            aa_also: list[Path]) -> None:
     record = json.loads(out.read_text())
+    for other in aa_also:  # both arms of A against A are one checkout in every record: its pairs pool
+        record["AA"] = record["AA"] + json.loads(other.read_text())["AA"]
     pool = min(len(record["AB"]), len(record["AA"]))
     how = f"side by side on cores {record['side_by_side']}" if record.get("side_by_side") else "one after the other"
     print(f"{out}: eigvalsh of {record['size']}x{record['size']} per forward, at {record['commit'][:12]}; "
@@ -164,10 +169,12 @@ def main() -> int:
     ap.add_argument("--max-minutes", type=float, default=15.0)
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--resolution", type=float, default=0.02)
+    ap.add_argument("--aa-also", type=Path, nargs="*", default=[],
+                    help="other records whose A against A pairs join this one's (results)")
     args = ap.parse_args()
     if args.what == "run":
         run(args.pairs, args.size, not args.one_at_a_time, args.out)
-    results(args.out, args.max_pairs, args.min_pairs, args.max_minutes, args.alpha, args.resolution)
+    results(args.out, args.max_pairs, args.min_pairs, args.max_minutes, args.alpha, args.resolution, args.aa_also)
     return 0
 
 
