@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 from harness.io import nan_as_null, write_json  # noqa: E402
 from harness.results.consistency import FAMILY_FALSE_ALARM, FIGURES  # noqa: E402
 from harness.results.metrics import read_metrics  # noqa: E402
-from harness.results.summarize import read_eval  # noqa: E402
+from harness.results.summarize import edge_means, read_eval  # noqa: E402
 from harness.runs.reproduce_comparison import judge  # noqa: E402
 from harness.runs.train import METRICS  # noqa: E402
 
@@ -89,7 +89,9 @@ def _trees(root: Path) -> dict[str, Path]:
 
 
 def run(seeds: int, kl_coef: float, work: Path) -> None:
-    work.mkdir(parents=True, exist_ok=False)
+    if work.exists():  # runs of another profile or commit would mix into the trials
+        raise SystemExit(f"{work}: exists; give run a new --work (results reads an existing one)")
+    work.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
         trees = _trees(Path(tmp))
         head = {**os.environ, "PYTHONPATH": str(trees["HEAD"])}
@@ -137,16 +139,13 @@ def results(work: Path, out: Path, sets: int) -> None:
     for world, runs in worlds.items():
         for seed, r in runs.items():
             steps = r["steps"].sort_values("step")
-            k = max(1, len(steps) // 10)
-            record["runs"].append({"world": world, "seed": seed,
-                                   "reward_first": float(steps["reward_mean"].iloc[:k].mean()),
-                                   "reward_last": float(steps["reward_mean"].iloc[-k:].mean()),
-                                   "kl_last": float(steps["kl_mean"].iloc[-k:].mean()),
+            (first, last), (_, kl) = edge_means(steps["reward_mean"]), edge_means(steps["kl_mean"])
+            record["runs"].append({"world": world, "seed": seed, "reward_first": first, "reward_last": last,
+                                   "kl_last": kl,
                                    "eval_accuracy": read_eval(r["dir"] / "eval.json")["eval_accuracy_after"]})
     print(f"{work}: the reference backend on cpu-short with {SFT_STEPS} SFT steps, kl_coef {record['kl_coef']:g}, "
           f"seeds {seeds[0]}..{seeds[-1]}")
-    runs = pd.DataFrame(record["runs"])
-    for world, group in runs.groupby("world", sort=False):
+    for world, group in pd.DataFrame(record["runs"]).groupby("world", sort=False):
         print(f"  {world:<19} reward first {group.reward_first.mean():.3f} -> last {group.reward_last.mean():.3f} "
               f"(sd across seeds {group.reward_last.std():.3f}), KL last {group.kl_last.mean():.2f} nats, eval "
               f"greedy accuracy {group.eval_accuracy.mean():.3f}")
