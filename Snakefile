@@ -25,6 +25,7 @@ include: "workflows/rules/check.smk"
 include: "workflows/rules/conformance.smk"
 include: "workflows/rules/parity.smk"
 include: "workflows/rules/ab.smk"
+include: "workflows/rules/nightly.smk"
 
 
 rule all:

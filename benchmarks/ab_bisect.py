@@ -1,12 +1,14 @@
 """Benchmark: `remax-bench bisect` finds a planted slow commit among 8, and how many A/B rounds and pairs it takes.
 
-    python benchmarks/ab_bisect.py [--slow 5] [--commits 8] [--out DIR]
+    python benchmarks/ab_bisect.py [--slow 5] [--commits 8] [--out DIR] [--nightly]
 
 Clones this repository's HEAD, adds --commits commits on top (each appends a line to a scratch file; commit --slow
 also adds a needless decomposition to the policy's forward pass, as tests/test_ab.py does), then does what a nightly
 alert asks: `remax-bench ab GOOD BAD`, then `remax-bench bisect GOOD BAD --confirmed-by` that A/B, with the A/B config
 of tests/test_ab.py, and prints the commit it names, whether it is the planted one, the bisection rounds, pairs and
-minutes. Nothing else should run on the machine meanwhile.
+minutes. With --nightly it runs `remax-bench nightly` instead, against a baseline (the shipped cpu one, its commit
+set to GOOD): the A/B and the bisection the nightly job runs itself, and the commit its alert names. Nothing else
+should run on the machine meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def main() -> int:
     ap.add_argument("--commits", type=int, default=8)
     ap.add_argument("--slow", type=int, default=5, help="which of the commits (1-based) is slow")
     ap.add_argument("--out", help="keep the bisection here (default: a temporary directory)")
+    ap.add_argument("--nightly", action="store_true", help="as the nightly job: `remax-bench nightly` against a "
+                    "baseline made by GOOD")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -56,6 +60,8 @@ def main() -> int:
         cli = str(Path(sys.executable).parent / "remax-bench")
         limits = ["--config", str(config), "--max-pairs", "8"]
         started = time.monotonic()
+        if args.nightly:
+            return _nightly(cli, clone, root, limits, out, planted, args.commits, started)
         # As after a nightly alert: the `ab` of GOOD against BAD it prints first, then bisect reusing that A/B.
         confirm = subprocess.run([cli, "ab", "--a", f"HEAD~{args.commits}", "--b", "HEAD", *limits, "--out",
                                   str(root / "confirm")], cwd=clone, capture_output=True, text=True)
@@ -76,6 +82,29 @@ def main() -> int:
         for r in record["rounds"]:
             print(f"  {r['commit'][:12]}: {r['verdict']}")
         return 0 if record["first_slow"] == planted else 1
+
+
+def _nightly(cli: str, clone: Path, root: Path, limits: list[str], out: Path, planted: str, commits: int,
+             started: float) -> int:
+    """`remax-bench nightly` with the baseline made by GOOD (HEAD~commits): the commit its alert names."""
+    good = subprocess.run(["git", "-C", str(clone), "rev-parse", f"HEAD~{commits}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    baseline = json.loads((REPO / "baselines" / "cpu.json").read_text())
+    for entry in baseline["frameworks"].values():
+        entry["provenance"]["git"] = {"commit": good, "dirty": False}
+    (root / "baseline.json").write_text(json.dumps(baseline))
+    proc = subprocess.run([cli, "nightly", "--baseline", str(root / "baseline.json"), *limits, "--out", str(out)],
+                          cwd=clone, capture_output=True, text=True)
+    minutes = (time.monotonic() - started) / 60
+    print(proc.stdout + proc.stderr)
+    if proc.returncode != 1:
+        return 2
+    record = json.loads((out / "nightly.json").read_text())
+    named = record["bisect"]["first_slow"]
+    print(f"nightly: {record['text']}\nnamed {named[:12]}, planted {planted[:12]}: "
+          f"{'found' if named == planted else 'WRONG'}; the A/B {record['ab']['pairs']} pairs in "
+          f"{record['ab']['minutes']:.1f} min, {record['bisect']['rounds']} bisection rounds; {minutes:.1f} min in all")
+    return 0 if named == planted else 1
 
 
 if __name__ == "__main__":

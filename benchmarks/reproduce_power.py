@@ -58,6 +58,7 @@ KL_LINE = ("    rewards = -kl_coef * kl * mask\n", "    rewards = kl_coef * kl *
 WORLDS = {"original": ("HEAD", {}), "another kernel path": ("HEAD", {"ATEN_CPU_CAPABILITY": "default"}),
           "KL flipped": ("flipped", {})}
 SFT_STEPS = 30
+RECORD_ROLE = "reproduce power record"  # what this script writes to --out (harness.io.WRITTEN)
 KL_COEF = 0.05
 SET = 3  # seeds a side, as the profiles run
 
@@ -171,7 +172,7 @@ def results(work: Path, out: Path, sets: int) -> None:
             print(f"    {FIGURES.get(f['figure'], f['figure']):<24} not consistent {100 * f['not_consistent']:5.1f}%; "
                   f"median difference {f['difference']:+.3f}, margin {f['margin']:.3f} "
                   f"({f['margin_spreads']:.1f} seed spreads)")
-    write_json(out, nan_as_null(record))
+    write_json(out, nan_as_null(record), role=RECORD_ROLE)
 
 
 def main() -> int:

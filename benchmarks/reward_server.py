@@ -11,6 +11,15 @@ counters give the requests per score call, which shows the batching.
     python benchmarks/reward_server.py                              # the rule; 1, 8 and 64 clients
     python benchmarks/reward_server.py --reward model               # a tiny reward model built here (CPU policy size)
     python benchmarks/reward_server.py --reward model --checkpoint DIR --json out.json
+    python benchmarks/reward_server.py --slow-clients 128              # memory: 128 clients hold 8 MiB bodies half-sent
+    python benchmarks/reward_server.py --slow-clients 128 --server-repo DIR   # the same against another checkout
+
+`--slow-clients N` measures memory instead: N clients (threads here, one connection each) each announce a body of
+`--slow-body-bytes` (default: the server's 8 MiB cap on one body), send half of it and stall. The server's RSS
+(/proc/PID/status VmRSS; VmHWM its peak) and threads are read idle, while all N hold their bodies, and after they
+close; each client's fate is counted (held open, or the status it was answered). The server must answer /health
+after. `--server-repo` starts the server from another checkout (e.g. `git archive` of an older commit), to compare.
+At most 1,024 clients and bodies of 64 MiB; it ends within `--duration` seconds of the clients' start.
 
 Target (the rule, 8 clients): >= 1,000 requests/s with p99 < 50 ms. A model has no target: its figure is the
 model's forward pass on this machine. Exit status: 0 when the target is met (or not measured), 1 when missed, 2
@@ -21,12 +30,14 @@ the machine and its load (printed with them): rerun it where it matters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import math
 import multiprocessing as mp
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -170,12 +181,15 @@ def run(url: str, bodies, expected, tolerance, clients: int, processes: int, n_r
     }
 
 
-def start_server(args, inputs: Path | None) -> tuple[subprocess.Popen, str]:
+def start_server(args, inputs: Path | None, stderr=None) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "harness.cli", "serve-reward", "--host", "127.0.0.1", "--port", "0",
            "--batch-size", str(args.batch_size), "--max-pending", str(args.max_pending), "--device", args.device]
     if inputs is not None:
         cmd += ["--inputs", str(inputs)]
-    server = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    if args.max_connections is not None:  # a server from before #61 has no such option
+        cmd += ["--max-connections", str(args.max_connections)]
+    # With `-m`, the working directory comes first on sys.path: --server-repo's harness is the one served.
+    server = subprocess.Popen(cmd, cwd=args.server_repo or REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
     line = server.stdout.readline()  # "reward server: serving ... at http://127.0.0.1:PORT (...)"
     match = re.search(r" at (http://127\.0\.0\.1:\d+) ", line)
     if not match:
@@ -184,6 +198,95 @@ def start_server(args, inputs: Path | None) -> tuple[subprocess.Popen, str]:
         raise RuntimeError(f"reward server did not start: {line!r}")
     wait_healthy(match.group(1), 60)
     return server, match.group(1)
+
+
+MAX_SLOW_CLIENTS, MAX_SLOW_BODY = 1024, 64 << 20
+
+
+def _memory(pid: int) -> dict:
+    """The server's resident memory now and at its peak (MiB), and its threads, from /proc (Linux)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {"rss_mib": int(fields["VmRSS"].split()[0]) / 1024, "peak_rss_mib": int(fields["VmHWM"].split()[0]) / 1024,
+            "threads": int(fields["Threads"])}
+
+
+def _slow_client(port: int, body_bytes: int, deadline: float, socks: list, fates: list) -> None:
+    """Announce a body of `body_bytes`, send half and stall: the fate is "held" while the server waits for the rest,
+    else the status it answered (or the error that ended the connection)."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=max(1.0, deadline - time.monotonic()))
+    except OSError as e:
+        fates.append(type(e).__name__)
+        return
+    socks.append(sock)
+    try:
+        sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % body_bytes)
+        # An answer the server wrote before it closed can still be read once the send has failed.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b" " * (body_bytes // 2))
+        sock.settimeout(1.0)
+        answer = sock.recv(64)
+        fates.append(answer.split()[1].decode() if answer else "closed")
+    except TimeoutError:
+        fates.append("held")
+    except OSError as e:
+        fates.append(type(e).__name__)
+
+
+def _hold(args: argparse.Namespace, server: subprocess.Popen, url: str) -> dict:
+    """The server's memory idle, while the slow clients hold their bodies half-sent, and after they close."""
+    socks: list = []
+    fates: list[str] = []
+    try:
+        idle = _memory(server.pid)
+        deadline = time.monotonic() + args.duration
+        clients = [threading.Thread(target=_slow_client, args=(int(url.rsplit(":", 1)[1]), args.slow_body_bytes,
+                                                               deadline, socks, fates))
+                   for _ in range(args.slow_clients)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(max(0.0, deadline - time.monotonic()))
+        time.sleep(1.0)  # what the server received is in its buffers by now
+        held = _memory(server.pid)
+    finally:
+        for sock in socks:
+            sock.close()
+    settle = time.monotonic() + 20  # its connection threads see the closes, log them and end
+    while _memory(server.pid)["threads"] > idle["threads"] and time.monotonic() < settle:
+        time.sleep(0.2)
+    health = wait_healthy(url, 10)["served"]
+    return {"memory": {"idle": idle, "held": held, "after": _memory(server.pid)},
+            "fates": {f: fates.count(f) for f in sorted(set(fates))}, "health_after": health}
+
+
+def slow_clients(args: argparse.Namespace) -> int:
+    if not 1 <= args.slow_clients <= MAX_SLOW_CLIENTS or not 2 <= args.slow_body_bytes <= MAX_SLOW_BODY:
+        print(f"--slow-clients: 1 to {MAX_SLOW_CLIENTS}; --slow-body-bytes: 2 to {MAX_SLOW_BODY}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryFile("w+") as log:  # the server's log: how many lines the aborted connections cost
+        try:
+            server, url = start_server(args, None, stderr=log)
+        except Exception as e:
+            print(e, file=sys.stderr)
+            return 2
+        try:
+            measured = _hold(args, server, url)
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+        log.seek(0)
+        lines = log.read().splitlines()
+    result = {"server": str(Path(args.server_repo).resolve()) if args.server_repo else str(REPO),
+              "slow_clients": args.slow_clients, "body_bytes": args.slow_body_bytes,
+              "sent_bytes_each": args.slow_body_bytes // 2, **measured,
+              "log": {"lines": len(lines), "tracebacks": sum(line.startswith("Traceback") for line in lines),
+                      "first": lines[:2]},
+              "host": os.uname().nodename, "cpu_count": os.cpu_count()}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
 
 def main() -> int:
@@ -202,7 +305,13 @@ def main() -> int:
     ap.add_argument("--tolerance", type=float, default=1e-4,
                     help="a model's served score vs its direct score (padding differs between batches)")
     ap.add_argument("--json", help="also write the result to this file")
+    ap.add_argument("--slow-clients", type=int, help="memory instead: this many clients hold a body half-sent")
+    ap.add_argument("--slow-body-bytes", type=int, default=8 << 20, help="--slow-clients: each announced body")
+    ap.add_argument("--server-repo", help="start the server from this checkout instead (to compare)")
+    ap.add_argument("--max-connections", type=int, help="the server's bound on open connections (default: its own)")
     args = ap.parse_args()
+    if args.slow_clients is not None:
+        return slow_clients(args)
     levels = [int(c) for c in args.connections.split(",")]
 
     with tempfile.TemporaryDirectory(prefix="reward-bench-") as tmp:

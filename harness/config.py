@@ -8,11 +8,13 @@ The Snakefile and every CLI subcommand go through `validate_config`, so a bad ke
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 
@@ -21,6 +23,94 @@ from harness.frameworks import config_blocks, image_defaults, known_frameworks
 from harness.io import bounded_tree, read_document
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflows" / "schemas" / "config.schema.yaml"
+
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_URL_PATH = re.compile(r"[A-Za-z0-9._~/-]*")
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
+
+
+def host_problem(host: str) -> str | None:
+    """What keeps `host` from being a hostname or an IPv4 address, or None."""
+    labels = host.split(".")
+    if all(re.fullmatch(r"[0-9]+", label) for label in labels):  # a name's last label is never all digits
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "not a hostname or an IPv4 address"
+    elif len(host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return ("not a hostname (letters, digits and hyphens, in labels between dots, none empty or starting or ending "
+                "with '-')")
+    return None
+
+
+def url_problem(url: str, schemes: tuple[str, ...] = ("http", "https"), user: tuple[str, ...] = ()) -> str | None:
+    """What keeps `url` from being an address the harness may hand on (to a client, git, a launch script), or None:
+    a scheme of `schemes`, a hostname or IP literal (IPv6 in brackets), a port of 1-65535, user info only for the
+    schemes of `user` and never a password (it would be in every log and plan.json), a plain path, no query."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it holds a space or a control character"
+    if not url.isascii():
+        return "it holds a character that is not ASCII (an international hostname: its xn-- form)"
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:  # Python checks a bracketed host with ipaddress itself
+        return f"not a URL ({e})"
+    if parts.scheme not in schemes:
+        return (f"the scheme must be {' or '.join(schemes) if len(schemes) == 2 else 'one of ' + ', '.join(schemes)}"
+                f", not {parts.scheme!r}")
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    if userinfo and (parts.scheme not in user or parts.password is not None):
+        return "user info (user@ or user:password@) is not accepted here"
+    if parts.hostname:
+        if hostport.startswith("["):
+            try:
+                ipaddress.IPv6Address(parts.hostname)
+            except ValueError:
+                return f"its host [{parts.hostname}] is not an IPv6 address"
+        elif problem := host_problem(parts.hostname):
+            return f"its host {parts.hostname!r} is {problem}"
+    elif parts.scheme != "file":
+        return "it names no host"
+    try:
+        port = parts.port
+    except ValueError:  # urlsplit's own check: not a number, or past 65535
+        port = 0
+    if port == 0:
+        return "the port must be a number from 1 to 65535"
+    if "?" in url or "#" in url:
+        return "a query or a fragment (?... or #...) is not accepted"
+    if not _URL_PATH.fullmatch(parts.path):
+        return f"the path {parts.path!r} may hold only letters, digits and . _ ~ / -"
+    return None
+
+
+def git_remote_problem(remote: str) -> str | None:
+    """What keeps `remote` from being a repository address for `git remote add`: a URL (url_problem, GIT_SCHEMES),
+    an scp-like [user@]host:path, or a local path; never a transport helper (NAME::), which runs a program."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*::", remote):
+        return "a git transport helper (NAME::ADDRESS) is not accepted"
+    if "://" in remote:
+        return url_problem(remote, GIT_SCHEMES, user=("ssh",))
+    scp = re.fullmatch(r"(?:[A-Za-z0-9._-]+@)?([^/:@]+):.*", remote)  # git's own test: a colon before any slash
+    if scp and (problem := host_problem(scp.group(1))):
+        return f"its host {scp.group(1)!r} is {problem}"
+    return None
+
+
+# JSON Schema's `format` keyword, asserted: the addresses of the config are parsed, not pattern-matched.
+FORMATS: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    "http-url": ("a usable http(s) URL", url_problem), "host": ("a usable host", host_problem),
+    "git-remote": ("a usable git repository address", git_remote_problem)}
+
+
+def checked_format(validator: Any, fmt: str, instance: object,
+                   schema: dict[str, Any]) -> Iterator[jsonschema.ValidationError]:
+    if fmt not in FORMATS:  # a format nothing checks would look like a check
+        raise HarnessError(f"{SCHEMA_PATH}: format {fmt!r} is not one harness.config checks ({', '.join(FORMATS)})")
+    what, problem_of = FORMATS[fmt]
+    if isinstance(instance, str) and (problem := problem_of(instance)):
+        yield jsonschema.ValidationError(f"{instance!r} is not {what}: {problem}")
 
 
 def _with_defaults(validator_class: type[Any]) -> type[Any]:
@@ -42,7 +132,7 @@ def _with_defaults(validator_class: type[Any]) -> type[Any]:
             yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults,
-                                                          "pattern": whole_string_pattern})
+                                                          "pattern": whole_string_pattern, "format": checked_format})
 
 
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
@@ -68,6 +158,7 @@ def _where(error: jsonschema.ValidationError) -> str:
     return ".".join(str(p) for p in error.absolute_path) or "(top level)"
 
 
+CONFIG_ROLE = "effective config"  # what `freeze-config` writes (harness.io.WRITTEN): this config, validated
 MAX_CONFIG_BYTES = 1 << 20  # a profile is a few KB; a larger file is a mistake, not a config
 MAX_NODES = 100_000  # keys and items in one config, counted before anything is copied or validated
 
@@ -153,17 +244,35 @@ def refuse_large_files(paths: list) -> None:
             raise HarnessError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config")
 
 
+def nightly_from_config(value: object, source: str) -> list[str]:
+    """`remax-bench nightly`'s options for `snakemake nightly --config nightly='{framework: NAME, budget: MIN,
+    bisect_budget: MIN}'` (each optional), kept out of the experiment's config like `ab`'s arms."""
+    if value is None:
+        return []
+    keys = {"framework": "--framework", "budget": "--budget", "bisect_budget": "--bisect-budget"}
+    ok = isinstance(value, dict) and set(value) <= set(keys) and all(
+        isinstance(v, str) and v.strip() and not v.startswith("-") if k == "framework" else
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 7 * 24 * 60 for k, v in value.items())
+    if not ok:
+        raise HarnessError(f"{source}: nightly may name the framework (not empty or starting with '-') and the A/B's "
+                           "and the bisection's budgets in minutes (above 0, at most 7 days), e.g. --config "
+                           f"nightly='{{framework: reference, budget: 15, bisect_budget: 45}}' (given: {value!r})")
+    assert isinstance(value, dict)
+    return [arg for k, v in value.items() for arg in (keys[k], str(v))]
+
+
 def arms_from_config(value: object, source: str) -> list[str]:
     """`remax-bench ab`'s arguments for `snakemake ab --config ab='{a: REF, b: REF}'` (optionally `framework: NAME`
     and `a_env`/`b_env`: lists of NAME=FILE): kept out of the experiment's config, so that naming arms reruns nothing
     of the pipeline."""
     keys = {"a": "--a", "b": "--b", "framework": "--framework", "a_env": "--a-env", "b_env": "--b-env"}
     ok = isinstance(value, dict) and {"a", "b"} <= set(value) <= set(keys) and all(
-        isinstance(v, str) and v if k in ("a", "b", "framework") else
+        isinstance(v, str) and v.strip() and not v.startswith("-") if k in ("a", "b", "framework") else
         isinstance(v, list) and all(isinstance(x, str) and "=" in x for x in v) for k, v in value.items())
     if not ok:
         raise HarnessError(f"{source}: ab must name both arms, and may name the framework and each arm's environment "
-                           f"descriptions, e.g. --config ab='{{a: v0.1, b: HEAD}}' or ab='{{a: HEAD, b: HEAD, "
-                           f"framework: dschat, b_env: [dschat-cpu=ds-0.19.7.txt]}}' (given: {value!r})")
+                           f"descriptions (none empty or starting with '-'), e.g. --config ab='{{a: v0.1, b: HEAD}}'"
+                           f" or ab='{{a: HEAD, b: HEAD, framework: dschat, b_env: [dschat-cpu=ds-0.19.7.txt]}}' "
+                           f"(given: {value!r})")
     assert isinstance(value, dict)
     return [arg for k, v in value.items() for x in (v if isinstance(v, list) else [v]) for arg in (keys[k], x)]

@@ -15,6 +15,8 @@ import torch
 
 from harness.remax import remax_advantages, token_level_rewards
 
+# What `remax-bench conformance` writes: each framework's advantage on these cases (harness.io.WRITTEN).
+TABLE_ROLE = "conformance table"
 # Each case: 2-3 responses with masks (1 = response token incl. EOS), the task score per response (outcome cases)
 # or per token (dense case), the greedy baseline per response, per-token KL and its coefficient.
 CASES: dict[str, dict[str, Any]] = {

@@ -11,19 +11,42 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import overload
 
 from harness import HarnessError
+from harness.reading import (
+    LOG_TAIL_BYTES,
+    MAX_DEPTH,
+    MAX_DOCUMENT_BYTES,
+    MAX_LINE_BYTES,
+    bounded_tree,
+    log_tail,
+    parse_document,
+    read_capped,
+    read_document,
+    read_json_object,
+    read_jsonl,
+    strict_json,
+    text_lines,
+)
+
+# The record-reading half of this module is harness.reading; its names are importable from here too, as they were
+# before it moved.
+__all__ = ["LOG_TAIL_BYTES", "MADE_FILES", "MARKERS", "MAX_DEPTH", "MAX_DOCUMENT_BYTES", "MAX_LINE_BYTES",
+           "MAX_SIDECAR_BYTES", "OWNER", "SIDECAR_ROLE", "WRITTEN", "atomic_path", "bounded_tree",
+           "check_replaceable", "config_hash", "locked", "log_tail", "nan_as_null", "parse_document",
+           "read_capped", "read_document", "read_json_object", "read_jsonl", "record_hash", "sha256_file",
+           "sha256_tree", "sidecar", "strict_json", "text_lines", "verify_hash", "write_json", "write_text"]
 
 OWNER = ".remax-bench.json"  # in every directory the harness makes: what it is (hidden: sha256_tree leaves it out)
 # OWNER's key listing the files (relative paths, names only: a run folder can hold GB checkpoints) the directory held
 # when the harness made it; the rest of OWNER says what the directory is.
 MADE_FILES = "files"
-# In every folder the harness writes a file into: {file name: sha256 of the file as written}. A file may be replaced
-# only while it is exactly what the harness wrote there (hidden, like OWNER).
+# In every folder the harness writes a file into: {file name: {"role": what the file is, "sha256": of the file as
+# written}}. A file may be replaced only by a write in the same role (`--out` names a role: a bundle replaces a bundle,
+# never a summary), and only while it is exactly what the harness wrote there (hidden, like OWNER).
 WRITTEN = ".remax-bench-files.json"
 # Files in a harness-made folder that nobody's work is in: Snakemake's marker in a directory() output, and the
 # harness's own records.
@@ -33,7 +56,7 @@ MARKERS = frozenset({".snakemake_timestamp", OWNER, WRITTEN})
 def _small_json(path: Path) -> object:
     """A record of the harness's own (OWNER, WRITTEN), or None where it is missing, unreadable or too large."""
     try:
-        return _parse(_read_capped(path, "record", "", MAX_DOCUMENT_BYTES), yaml_syntax=False)
+        return strict_json(read_capped(path, "record", "", MAX_DOCUMENT_BYTES))
     except (OSError, ValueError, HarnessError):
         return None
 
@@ -76,9 +99,21 @@ def _written_here(path: Path) -> bool:
     return path.is_file() and not path.is_symlink() and _harness_wrote(path)
 
 
+def _recorded(path: Path) -> tuple[str | None, str | None]:
+    """(sha256, role) of the file at `path` as the harness wrote it; (None, None) where it did not write it. An entry
+    written before roles existed is a plain sha256, its role None: such a file is replaced by a write in any role, as
+    before, the way an OWNER without its file list is (_foreign_file)."""
+    entry = _written(path.parent).get(path.name)
+    if isinstance(entry, str):
+        return entry, None
+    if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("role"), str):
+        return entry["sha256"], entry["role"]
+    return None, None
+
+
 def _harness_wrote(path: Path) -> bool:
-    recorded = _written(path.parent).get(path.name)
-    return isinstance(recorded, str) and recorded == sha256_file(path)
+    digest = _recorded(path)[0]
+    return digest is not None and digest == sha256_file(path)
 
 
 @contextlib.contextmanager
@@ -93,76 +128,108 @@ def locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _record_written(path: Path, digest: str) -> None:
+def _record_written(path: Path, digest: str, role: str) -> None:
     folder = path.parent
     with locked(folder):
         record = {name: d for name, d in _written(folder).items() if (folder / name).is_file()}
-        record[path.name] = digest
+        record[path.name] = {"role": role, "sha256": digest}
         tmp = folder / f"{WRITTEN}.{os.getpid()}"
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, folder / WRITTEN)
 
 
-def check_replaceable(dest: str | os.PathLike, owner: dict | None = None) -> None:
+@overload
+def check_replaceable(dest: str | os.PathLike, owner: dict, *, role: None = None) -> None: ...
+@overload
+def check_replaceable(dest: str | os.PathLike, owner: None = None, *, role: str) -> None: ...
+def check_replaceable(dest: str | os.PathLike, owner: dict | None = None, *, role: str | None = None) -> None:
     """HarnessError unless writing `dest` deletes nothing the harness did not make as this very thing.
 
-    A file may replace a file the harness wrote there and nobody changed since (WRITTEN); a directory (`owner`
-    says what it is, e.g. {"kind": "run", "framework": ..., "seed": ...}) may replace an empty directory or one the
-    harness made with the same owner (a rerun of that run). A link is replaced as a link: its target is never
-    touched. Anything else, e.g. a results folder with history given as a run's --out, or a file of the user's
-    given as --out, is refused, naming it.
+    A file (`role` says what it is: "summary", "bundle") may replace a file the harness wrote there in the same role
+    and nobody changed since (WRITTEN); a directory (`owner` says what it is, e.g. {"kind": "run", "framework": ...,
+    "seed": ...}) may replace an empty directory or one the harness made with the same owner (a rerun of that run).
+    A link is replaced as a link: its target is never touched. Anything else, e.g. a results folder with history
+    given as a run's --out, a file of the user's, or a summary given as a bundle's --out, is refused, naming it.
     """
-    dest = Path(dest)
+    _check_replaceable(Path(dest), _what(dest, owner, role))
+
+
+def _what(dest: str | os.PathLike, owner: dict | None, role: str | None) -> dict | str:
+    """The owner of a folder or the role of a file being written: one of them, never both, never neither (the
+    overloads hold typed callers to that; the benchmarks are not type-checked)."""
+    if owner is not None and role is None:
+        return owner
+    if role is not None and owner is None:
+        return role
+    raise ValueError(f"{dest}: a write is either a folder with an owner or a file with a role")
+
+
+def _check_replaceable(dest: Path, what: dict | str) -> None:
     if not dest.exists() or dest.is_symlink():
         return
     if dest.is_dir():
-        if owner is None:
+        if not isinstance(what, dict):
             raise HarnessError(f"{dest}: an existing folder; refusing to replace it with a file (nothing was deleted)")
         if not any(dest.iterdir()):
             return
-        what = " ".join(f"{k} {v}" for k, v in owner.items())
+        owner = " ".join(f"{k} {v}" for k, v in what.items())
         mark = _owner_of(dest)
-        if mark is not None and {k: v for k, v in mark.items() if k != MADE_FILES} == owner:
+        if mark is not None and {k: v for k, v in mark.items() if k != MADE_FILES} == what:
             foreign = _foreign_file(dest, mark)
             if foreign is None:
                 return
-            raise HarnessError(f"{dest}: the {what} made by remax-bench, but it holds {foreign}, which remax-bench "
+            raise HarnessError(f"{dest}: the {owner} made by remax-bench, but it holds {foreign}, which remax-bench "
                                "did not write there; refusing to replace the folder (nothing was deleted): move that "
                                "file out, or give another --out")
-        raise HarnessError(f"{dest}: an existing folder that is not the {what} made by remax-bench; refusing to "
+        raise HarnessError(f"{dest}: an existing folder that is not the {owner} made by remax-bench; refusing to "
                            "replace it (nothing was deleted): give another --out, or remove it yourself")
-    if owner is not None:
+    if isinstance(what, dict):
         raise HarnessError(f"{dest}: an existing file; refusing to replace it with a folder (nothing was deleted)")
     if not _harness_wrote(dest):
         raise HarnessError(f"{dest}: an existing file that remax-bench did not write (or that was changed since); "
                            "refusing to overwrite it (nothing was changed): give another --out, or remove it yourself")
+    held = _recorded(dest)[1]
+    if held is not None and held != what:
+        article = "an" if what[:1].lower() in "aeiou" else "a"
+        raise HarnessError(f"{dest}: the {held} remax-bench wrote; refusing to replace it with {article} {what} "
+                           "(nothing was changed): give another --out, or remove it yourself")
 
 
-@contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike, owner: dict | None = None) -> Iterator[Path]:
+@overload
+def atomic_path(dest: str | os.PathLike, owner: dict, *, role: None = None) -> AbstractContextManager[Path]: ...
+@overload
+def atomic_path(dest: str | os.PathLike, owner: None = None, *, role: str) -> AbstractContextManager[Path]: ...
+def atomic_path(dest: str | os.PathLike, owner: dict | None = None, *,
+                role: str | None = None) -> AbstractContextManager[Path]:
     """Yield a temporary sibling of `dest` (file or directory); rename it over `dest` only on success.
 
     A crash or an exception leaves `dest` as it was, so nothing half-written ever looks complete. A directory is
-    written with `owner` (what it is) in OWNER, and replaces only what check_replaceable allows, checked before the
-    work and again before the rename.
+    written with `owner` (what it is) in OWNER, a file with `role` (what it is) in WRITTEN; either replaces only
+    what check_replaceable allows, checked before the work and again before the rename.
     """
-    dest = Path(dest)
-    check_replaceable(dest, owner)
+    return _atomic_path(Path(dest), _what(dest, owner, role))
+
+
+@contextlib.contextmanager
+def _atomic_path(dest: Path, what: dict | str) -> Iterator[Path]:
+    _check_replaceable(dest, what)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent)) / dest.name
     try:
         yield tmp
         if tmp.is_dir() and not tmp.is_symlink():
-            if owner is None:
+            if not isinstance(what, dict):
                 raise ValueError(f"{dest}: a directory written without an owner")
-            (tmp / OWNER).write_text(json.dumps({**owner, MADE_FILES: _files_in(tmp)}, sort_keys=True) + "\n")
+            (tmp / OWNER).write_text(json.dumps({**what, MADE_FILES: _files_in(tmp)}, sort_keys=True) + "\n")
         digest = sha256_file(tmp) if tmp.is_file() and not tmp.is_symlink() else None
-        check_replaceable(dest, owner)
+        if digest is not None and not isinstance(what, str):
+            raise ValueError(f"{dest}: a file written without a role")
+        _check_replaceable(dest, what)
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
-        if digest is not None:
-            _record_written(dest, digest)
+        if digest is not None and isinstance(what, str):
+            _record_written(dest, digest, what)
     except OSError as e:
         if e.filename is not None:
             raise
@@ -172,8 +239,8 @@ def atomic_path(dest: str | os.PathLike, owner: dict | None = None) -> Iterator[
         shutil.rmtree(tmp.parent, ignore_errors=True)
 
 
-def write_text(dest: str | os.PathLike, text: str) -> None:
-    with atomic_path(dest) as tmp:
+def write_text(dest: str | os.PathLike, text: str, *, role: str) -> None:
+    with atomic_path(dest, role=role) as tmp:
         tmp.write_text(text)
 
 
@@ -187,180 +254,8 @@ def nan_as_null(value: object) -> object:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def write_json(dest: str | os.PathLike, obj: object) -> None:
-    write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
-
-
-# Bounds on every JSON and YAML document the harness reads (configs, claims, manifests, plans, records, baselines)
-# and on every line of a log or JSON-lines file: the harness's own files are far inside them, so a file past one is
-# damage or an attack, refused before it can take the machine's memory or Python's stack.
-MAX_DOCUMENT_BYTES = 16 << 20
-MAX_DEPTH = 64  # nesting of mappings and lists; the harness's own files nest fewer than 10 deep
-MAX_LINE_BYTES = 16 << 20  # a log line; verl's validation generations put a whole step's samples on one line
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite number")
-    return value
-
-
-def strict_json(text: str | bytes) -> object:
-    """json.loads without NaN and Infinity (nor 1e999, which json reads as infinity): a value the harness never
-    writes (write_json refuses them), so one in a file is damage, and would otherwise pass every comparison
-    silently. ValueError for anything else it cannot read, nesting too deep for Python's stack included."""
-    try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("nested too deep to read") from None
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.events.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise ValueError(f"line {mark.line + 1}: a YAML alias (*name); write the block out, aliases are not "
-                             "accepted (nested aliases of a few hundred bytes expand to gigabytes)")
-        return super().compose_node(parent, index)
-
-
-def bounded_tree(value: object, source: str) -> object:
-    """`value` (parsed JSON or YAML) back, or HarnessError naming `source` and where: nested deeper than MAX_DEPTH,
-    a number that is not finite (YAML's .nan and .inf) or an integer past 64 bits (numpy, torch and parquet take
-    no more)."""
-    stack: list[tuple[object, str, int]] = [(value, "(top level)", 0)]
-    while stack:
-        node, where, depth = stack.pop()
-        if isinstance(node, float) and not math.isfinite(node):
-            raise HarnessError(f"{source}: at {where}: {node} is not a finite number")
-        if isinstance(node, int) and not -(1 << 63) <= node < 1 << 63:
-            raise HarnessError(f"{source}: at {where}: {node} does not fit in 64 bits")
-        if not isinstance(node, (dict, list)):
-            continue
-        if depth >= MAX_DEPTH:
-            raise HarnessError(f"{source}: at {where}: nested more than {MAX_DEPTH} deep")
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        stack.extend((child, str(key) if where == "(top level)" else f"{where}.{key}", depth + 1)
-                     for key, child in items)
-    return value
-
-
-def _parse(data: str | bytes, yaml_syntax: bool) -> object:
-    """ValueError with the reason for anything that cannot be read."""
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-        return yaml.load(text, Loader=_NoAliasLoader) if yaml_syntax else strict_json(text)
-    except RecursionError:
-        raise ValueError("nested too deep to read") from None
-    except yaml.YAMLError as e:
-        raise ValueError(str(e)) from None
-
-
-def parse_document(data: str | bytes, source: str, *, yaml_syntax: bool) -> object:
-    """The one parser of a whole JSON or YAML document: NaN, Infinity, YAML aliases and deep nesting refused with a
-    HarnessError naming `source`."""
-    try:
-        value = _parse(data, yaml_syntax)
-    except ValueError as e:  # JSON's errors, NaN, an alias, bytes that are not UTF-8
-        raise HarnessError(f"{source}: not valid {'YAML' if yaml_syntax else 'JSON'}: {getattr(e, 'msg', e)}") \
-            from None
-    return bounded_tree(value, source)
-
-
-def _read_capped(path: Path, what: str, missing_hint: str, max_bytes: int) -> bytes:
-    """The bytes of `path`, or HarnessError past `max_bytes`; read in chunks, since read(n) allocates n at once."""
-    chunks: list[bytes] = []
-    total = 0
-    try:
-        with open(path, "rb") as f:
-            while total <= max_bytes and (chunk := f.read(min(1 << 20, max_bytes + 1 - total))):
-                chunks.append(chunk)
-                total += len(chunk)
-    except FileNotFoundError:
-        raise HarnessError(f"{path}: {what} not found{missing_hint}") from None
-    except IsADirectoryError:
-        raise HarnessError(f"{path}: {what} should be a file, not a folder") from None
-    if total > max_bytes:
-        raise HarnessError(f"{path}: larger than {max_bytes} bytes; not a {what}")
-    return b"".join(chunks)
-
-
-def read_document(path: str | os.PathLike, what: str, missing_hint: str = "",
-                  max_bytes: int = MAX_DOCUMENT_BYTES) -> object:
-    """The JSON (a .json file) or YAML document in `path`, read through parse_document, at most `max_bytes`."""
-    path = Path(path)
-    data = _read_capped(path, what, missing_hint, max_bytes)
-    return parse_document(data, str(path), yaml_syntax=path.suffix != ".json")
-
-
-def read_json_object(path: str | os.PathLike, what: str, missing_hint: str = "") -> dict:
-    """The JSON object in `path`; HarnessError naming the file and what it should have been otherwise."""
-    path = Path(path)
-    data = _read_capped(path, what, missing_hint, MAX_DOCUMENT_BYTES)
-    try:
-        value = bounded_tree(_parse(data, yaml_syntax=False), str(path))
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise HarnessError(f"{path}: {what} is not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise HarnessError(f"{path}: {what} should be a JSON object, not {type(value).__name__}")
-    return value
-
-
-def text_lines(path: str | os.PathLike, errors: str = "strict") -> Iterator[tuple[int, str]]:
-    """(line number, line) of a text file (a log), each line at most MAX_LINE_BYTES: a longer one stops it, naming
-    the file and the line, before it is held in memory whole. Bytes that are not UTF-8 stop it too, naming the line,
-    unless `errors` says otherwise ("replace", for a framework's console, where a killed process may cut a character
-    in two). A carriage return ends a line, as in Python's text mode: a progress bar redraws itself with them."""
-    lineno = 0
-    with open(path, "rb") as f:
-        while raw := f.readline(MAX_LINE_BYTES + 1):
-            if len(raw) > MAX_LINE_BYTES:
-                raise HarnessError(f"{path}:{lineno + 1}: a line longer than {MAX_LINE_BYTES} bytes; not a line "
-                                   "the harness reads")
-            try:
-                text = raw.decode("utf-8", errors)
-            except UnicodeDecodeError as e:
-                raise HarnessError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason} at byte {e.start} of the "
-                                   "line)") from None
-            *ended, rest = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-            for line in [*(part + "\n" for part in ended), *([rest] if rest else [])]:
-                lineno += 1
-                yield lineno, line
-
-
-# What of a log is read for a failed run's cause and tail: a long run's console can be gigabytes, and what names why
-# it stopped (Ray's death notices, the last traceback) comes at its end.
-LOG_TAIL_BYTES = 2 << 20
-
-
-def log_tail(path: str | os.PathLike) -> str:
-    """The last LOG_TAIL_BYTES of a log as text, from the first whole line in them; "" where there is no log."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - LOG_TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return ""
-    if size > LOG_TAIL_BYTES:
-        data = data[data.find(b"\n") + 1:]
-    return data.decode(errors="replace")
-
-
-def read_jsonl(path: str | os.PathLike, bad_line: str = "not valid JSON") -> Iterator[tuple[int, object]]:
-    """(line number, value) of each line of a JSON-lines file; a line that is not JSON stops it, naming the file and
-    the line (`bad_line` says what the line should have been). The caller checks each value's shape."""
-    for lineno, line in text_lines(path):
-        try:
-            value = _parse(line, yaml_syntax=False)
-        except ValueError as e:
-            raise HarnessError(f"{path}:{lineno}: {bad_line} ({getattr(e, 'msg', e)})") from None
-        yield lineno, bounded_tree(value, f"{path}:{lineno}")
+def write_json(dest: str | os.PathLike, obj: object, *, role: str) -> None:
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n", role=role)
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -390,6 +285,12 @@ def sha256_tree(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+SIDECAR_ROLE = "sha256 record"  # what `<input>.sha256` is (harness.io.WRITTEN)
+# A sidecar is one sha256sum line (64 hex digits, two spaces, the input's file name): one larger is not a sidecar,
+# and is refused before it is held in memory whole (a 40 MB one cost `bundle` 980 MB).
+MAX_SIDECAR_BYTES = 4096
+
+
 def sidecar(path: str | os.PathLike) -> Path:
     return Path(f"{path}.sha256")
 
@@ -397,7 +298,7 @@ def sidecar(path: str | os.PathLike) -> Path:
 def record_hash(path: str | os.PathLike) -> str:
     """Write `<path>.sha256` in sha256sum format and return the digest."""
     digest = sha256_tree(path)
-    write_text(sidecar(path), f"{digest}  {Path(path).name}\n")
+    write_text(sidecar(path), f"{digest}  {Path(path).name}\n", role=SIDECAR_ROLE)
     return digest
 
 
@@ -409,7 +310,7 @@ def verify_hash(path: str | os.PathLike) -> str:
     side = sidecar(path)
     if not side.is_file():
         raise HarnessError(f"{side}: no recorded sha256 for input {path}")
-    recorded = next(iter(side.read_text().split()), "")
+    recorded = next(iter(read_capped(side, SIDECAR_ROLE, "", MAX_SIDECAR_BYTES).decode(errors="replace").split()), "")
     actual = sha256_tree(path)
     if actual != recorded:
         raise HarnessError(

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from conftest import a100x8_offline
 
-from harness.config import validate_config
+from harness.config import CONFIG_ROLE, validate_config
 from harness.inputs import build_dataset, build_policy, build_reward
 from harness.io import write_text
 
@@ -56,7 +56,7 @@ def model_reward_inputs(root: Path) -> dict:
     raw["reward"] = {"kind": "model", "path": str(checkpoint), "device": "cpu", "batch_size": 8}
     config = validate_config(raw)
     config_path = root / "config.yaml"
-    write_text(config_path, yaml.safe_dump(config))
+    write_text(config_path, yaml.safe_dump(config), role=CONFIG_ROLE)
     inputs = root / "inputs"
     build_dataset(config, inputs)
     build_policy(config, inputs)

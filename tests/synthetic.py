@@ -16,6 +16,7 @@ from harness import HarnessError
 from harness.frameworks import Adapter
 from harness.io import write_json
 from harness.results.metrics import FRAMEWORK_THROUGHPUT, to_frame, write_metrics
+from harness.runtime.manifest import MANIFEST_ROLE
 
 A100X8 = ["NVIDIA A100-SXM4-80GB"] * 8
 
@@ -61,17 +62,17 @@ def write_run(results: Path, framework: str, seed: int, *, steps: int, step_s: f
         "inputs": {name: {"path": name, "sha256": f"{name}-synthetic".ljust(64, "0")}
                    for name in ("dataset", "policy", "reward")},
         "git": {"commit": "0" * 40, "dirty": False}, "versions": {"python": "3.11", "torch": "synthetic"},
-    })
+    }, role=MANIFEST_ROLE)
 
 
 def write_config(results: Path, frameworks: list[str], seeds: list[int], *, steps: int, warmup: int = 2,
                  gpus_per_node: int = 0) -> dict:
-    from harness.config import validate_config
+    from harness.config import CONFIG_ROLE, validate_config
 
     config = validate_config({"frameworks": frameworks, "seeds": seeds, "profile": "synthetic",
                               "remax": {"steps": steps, "warmup_steps": warmup},
                               "launch": {"gpus_per_node": gpus_per_node}}, source="synthetic config")
-    write_json(results / "config.json", config)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     return config
 
 

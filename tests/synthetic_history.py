@@ -13,6 +13,7 @@ import numpy as np
 
 from harness.config import load_config
 from harness.io import write_json
+from harness.regression.alerts import CHECK_RECORD_ROLE
 from harness.regression.history import CURVE_POINTS, SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,5 +69,5 @@ def write_history(results: Path, nights: int, frameworks: list[str], *, seeds=(1
                    "class": "alert", "status": "regression" if night in alerts else "ok", "change": -10.0, "unit": "%"}]
         write_json(history / "checks" / f"{run}.json",
                    {"pipeline_run": run, "pipeline_time": when, "status": "regression" if night in alerts else "ok",
-                    "baseline": "", "baseline_runs": base, "checks": checks})
+                    "baseline": "", "baseline_runs": base, "checks": checks}, role=CHECK_RECORD_ROLE)
     return runs

@@ -1,6 +1,6 @@
-"""Is B slower than A? (`remax-bench ab`, `remax-bench bisect`; docs/regression.md): the paired statistics on series
-whose truth is known, a real A/B of two commits of this repository where B's code is slower, and bad arms refused
-before anything runs."""
+"""Is B slower than A? (`remax-bench ab`, `bisect`, `nightly`; docs/regression.md): the paired statistics on series
+whose truth is known, a real A/B of two commits of this repository where B's code is slower (as the nightly job runs
+it against a baseline's commit), and bad arms and baselines refused before anything runs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import yaml
 from conftest import REPO, clone_with_commit, run_cli
 
 from harness import HarnessError
-from harness.comparison.ab import EQUAL_SPEED, PROBE, _seed_rows, decision_basis
+from harness.comparison.ab import EQUAL_SPEED, PROBE, RECORD_ROLE, _seed_rows, decision_basis
 from harness.comparison.paired import decide, look_alpha
 from harness.io import write_json
 from harness.results.student_t import t_quantile
@@ -106,7 +106,7 @@ def test_a_seed_with_one_pair_has_no_interval_and_the_record_is_still_written(tm
     rows = {r["seed"]: r for r in _seed_rows(pairs, 0.01)}
     assert rows[2]["pairs"] == 1 and rows[2]["low"] is None and rows[2]["high"] is None
     assert rows[1]["low"] is not None and rows[1]["low"] < rows[1]["ratio"] < rows[1]["high"]
-    write_json(tmp_path / "ab.json", {"per_seed": list(rows.values())})
+    write_json(tmp_path / "ab.json", {"per_seed": list(rows.values())}, role=RECORD_ROLE)
     assert json.loads((tmp_path / "ab.json").read_text())["per_seed"][1]["high"] is None
 
 
@@ -215,37 +215,6 @@ def two_commits(tmp_path_factory):
     config = root / "ab.yaml"
     config.write_text(yaml.safe_dump(AB_CONFIG))
     return clone, config
-
-
-def test_a_real_ab_of_two_commits_calls_the_slower_code_slower_and_its_behaviour_unchanged(two_commits, tmp_path):
-    clone, config = two_commits
-    out = tmp_path / "ab"
-    proc = run_cli("ab", "--a", "HEAD~1", "--b", "HEAD", "--config", config, "--out", out, "--max-pairs", 10,
-                   "--max-minutes", 10, cwd=clone)
-    assert (out / "ab.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((out / "ab.json").read_text())
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # exit 1: slower
-    assert record["verdict"]["verdict"] == "slower" and record["verdict"]["change"] > 0
-    assert record["verdict"]["low"] > 0 and proc.stdout.splitlines()[-1].startswith("B is ")
-    # Both runs of a pair at once where the machine has a core for each run's one thread, the arms swapping cores
-    # from pair to pair (the first run of "AB" on the first set); else ABBA.
-    cores = sorted(os.sched_getaffinity(0))
-    assert record["side_by_side"] == ([[cores[0]], [cores[1]]] if len(cores) >= 2 else None)
-    assert [p["order"] for p in record["pairs"]][:2] == ["AB", "BA"]
-    assert [p["seed"] for p in record["pairs"]][:2] == [1, 2]
-    # The verdict's interval is the decided figure's; tokens/s as measured carries the machine's drift, and with the
-    # two pairs a clear slowdown stops at its interval is wide (t with one degree of freedom): only its ratio is held.
-    tokens = next(r for r in record["phases"] if r["figure"] == "tokens/s")
-    assert tokens["ratio"] < 1, record["phases"]
-    # One harness environment, one reference section: decided at equal machine speed, the probe shown beside it.
-    assert record["decided_on"] == "tokens/s at equal machine speed" and record["verdict"]["basis"] == EQUAL_SPEED
-    assert {"tokens/s at equal machine speed", "machine-speed probe (time)"} <= {r["figure"] for r in record["phases"]}
-    # The slower line changes no number the runs compute: each seed's curves are identical, only speed changed.
-    assert record["behaviour"] and all(b["identical"] for b in record["behaviour"]), record["behaviour"]
-    page = (out / "index.md").read_text()
-    assert record["verdict"]["text"] in page and (out / "ab.png").stat().st_size > 0
-    listed = subprocess.run(["git", "-C", str(clone), "worktree", "list"], capture_output=True, text=True).stdout
-    assert len(listed.splitlines()) == 1  # the arms' worktrees are gone
 
 
 def test_bad_arms_are_refused_before_anything_runs_naming_the_arm(two_commits, tmp_path):
@@ -401,3 +370,93 @@ def test_bisect_takes_a_confirming_ab_as_its_first_round_only_if_it_compared_goo
     for message, changes in refused.items():
         with pytest.raises(HarnessError, match=re.escape(message)):
             check(**changes)
+
+
+def _baseline_of(made_by: str, path: Path, **git) -> Path:
+    """A real baseline (the shipped cpu one) whose runs were made by commit `made_by`: the accepted baseline of a
+    night. `git`: other fields of its git record (a dirty checkout, no commit)."""
+    baseline = json.loads((REPO / "baselines" / "cpu.json").read_text())
+    for entry in baseline["frameworks"].values():
+        entry["provenance"]["git"] = {"commit": made_by, "dirty": False, **git}
+    path.write_text(json.dumps(baseline))
+    return path
+
+
+def test_the_nightly_ab_calls_the_slower_commit_slower_its_behaviour_unchanged_and_names_it(two_commits, tmp_path):
+    """`nightly`, with the baseline made by HEAD~1 and tonight's commit HEAD (a slower forward pass): its paired A/B
+    (one real `ab` of two commits, which the assertions on the A/B itself share) confirms it within the budget, the
+    alert names HEAD as the first slow commit (HEAD~1's child: no bisection round needed), and the record reaches the
+    history, the job summary and the JUnit report."""
+    clone, config = two_commits
+    head, good = (subprocess.run(["git", "-C", str(clone), "rev-parse", ref], capture_output=True, text=True,
+                                 check=True).stdout.strip() for ref in ("HEAD", "HEAD~1"))
+    out, results = tmp_path / "nightly", tmp_path / "results"
+    proc = run_cli("nightly", "--baseline", _baseline_of(good, tmp_path / "baseline.json"), "--config", config,
+                   "--out", out, "--results", results, "--max-pairs", 10, "--budget", 10, cwd=clone)
+    assert (out / "ab" / "ab.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # exit 1: confirmed slower
+    record = json.loads((out / "nightly.json").read_text())
+    assert (record["a"], record["b"], record["outcome"]) == (good, head, "slower")
+    assert record["ab"]["low"] > 0 and record["ab"]["pairs"] <= 10 and record["ab"]["minutes"] <= 10
+    assert record["bisect"] == {"first_slow": head, "subject": "a slower forward pass", "rounds": 0}
+    assert f"first slow commit {head[:12]}" in proc.stdout.splitlines()[-1]
+    junit = (out / "junit.xml").read_text()
+    assert 'failures="1"' in junit and "confirmed slowdown" in junit and "CI +" in junit
+    assert f"`{head}` (a slower forward pass)" in (out / "summary.md").read_text()
+    [kept] = (results / "history" / "nightly").glob("[!.]*.json")  # not the harness's hidden record of its writes
+    assert json.loads(kept.read_text()) == record
+    _check_the_real_ab(out / "ab", clone)
+
+
+def _check_the_real_ab(out: Path, clone: Path) -> None:
+    """The A/B of HEAD~1 against HEAD that the nightly ran: slower, side by side, at equal machine speed, and the
+    same numbers computed (only speed changed)."""
+    ab = json.loads((out / "ab.json").read_text())
+    assert ab["verdict"]["verdict"] == "slower" and ab["verdict"]["change"] > 0 and ab["verdict"]["low"] > 0
+    # Both runs of a pair at once where the machine has a core for each run's one thread, the arms swapping cores
+    # from pair to pair (the first run of "AB" on the first set); else ABBA.
+    cores = sorted(os.sched_getaffinity(0))
+    assert ab["side_by_side"] == ([[cores[0]], [cores[1]]] if len(cores) >= 2 else None)
+    assert [p["order"] for p in ab["pairs"]][:2] == ["AB", "BA"]
+    assert [p["seed"] for p in ab["pairs"]][:2] == [1, 2]
+    # The verdict's interval is the decided figure's; tokens/s as measured carries the machine's drift, and with the
+    # two pairs a clear slowdown stops at its interval is wide (t with one degree of freedom): only its ratio is held.
+    tokens = next(r for r in ab["phases"] if r["figure"] == "tokens/s")
+    assert tokens["ratio"] < 1, ab["phases"]
+    # One harness environment, one reference section: decided at equal machine speed, the probe shown beside it.
+    assert ab["decided_on"] == "tokens/s at equal machine speed" and ab["verdict"]["basis"] == EQUAL_SPEED
+    assert {"tokens/s at equal machine speed", "machine-speed probe (time)"} <= {r["figure"] for r in ab["phases"]}
+    # The slower line changes no number the runs compute: each seed's curves are identical, only speed changed.
+    assert ab["behaviour"] and all(b["identical"] for b in ab["behaviour"]), ab["behaviour"]
+    page = (out / "index.md").read_text()
+    assert ab["verdict"]["text"] in page and (out / "ab.png").stat().st_size > 0
+    listed = subprocess.run(["git", "-C", str(clone), "worktree", "list"], capture_output=True, text=True).stdout
+    assert len(listed.splitlines()) == 1  # the arms' worktrees are gone
+
+
+def test_the_nightly_job_with_no_commit_since_the_baselines_runs_nothing_and_does_not_alert(two_commits, tmp_path):
+    clone, config = two_commits
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    proc = run_cli("nightly", "--baseline", _baseline_of(head, tmp_path / "baseline.json"), "--config", config,
+                   "--out", tmp_path / "nightly", cwd=clone)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "nightly" / "nightly.json").read_text())
+    assert record["outcome"] == "unchanged" and record["ab"] is None
+    assert "<skipped" in (tmp_path / "nightly" / "junit.xml").read_text()
+
+
+@pytest.mark.parametrize(("git", "framework", "named"), [
+    ({"dirty": True}, None, "uncommitted changes"),
+    ({"commit": None}, None, "records no harness commit"),
+    ({}, "verl", "no baseline for framework 'verl'"),
+    ({"commit": "--output=/tmp/x"}, None, "provenance.git.commit: expected a full hex commit id"),
+])
+def test_a_baseline_the_nightly_job_cannot_stand_on_is_refused_before_anything_runs(two_commits, tmp_path, git,
+                                                                                     framework, named):
+    clone, config = two_commits
+    baseline = _baseline_of("a" * 40, tmp_path / "baseline.json", **git)
+    proc = run_cli("nightly", "--baseline", baseline, "--config", config, "--out", tmp_path / "nightly",
+                   *(["--framework", framework] if framework else []), cwd=clone)
+    assert proc.returncode == 2 and named in proc.stderr, proc.stdout + proc.stderr
+    assert not (tmp_path / "nightly").exists()

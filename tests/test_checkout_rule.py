@@ -19,6 +19,7 @@ from harness.frameworks.dschat.plan import REMAX_COMMIT
 from harness.io import OWNER
 
 GIT = f"""#!/bin/sh
+while [ "$1" = -c ]; do shift 2; done  # the settings the harness puts first (harness/runtime/git.py)
 case "$*" in
   "init -q "*) mkdir -p "$3/.git" ;;
   *rev-parse*) [ -e "$2/.git" ] && echo {REMAX_COMMIT} ;;

@@ -146,25 +146,31 @@ def _check_snakemake(words: list[str], env: dict) -> None:
 def test_the_documented_nightly_workflow_runs_commands_that_exist():
     workflow = yaml.safe_load((REPO / "docs" / "ci-nightly.yml").read_text())
     [job] = workflow["jobs"].values()
-    assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
-    env = job["env"]
-    assert (REPO / env["PROFILE"]).is_file()
+    runners = job["strategy"]["matrix"]["include"]
+    assert {r["runner"] for r in runners} == {"gpu", "cpu"}
+    assert job["runs-on"][:2] == ["self-hosted", "linux"]
     known = {"python3.11", ".venv/bin/pip", "echo", "mkdir", "ln", "gh"}
     seen = set()
-    for step in job["steps"]:
-        if "uses" in step:
-            assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
-            continue
-        for line in step["run"].strip().splitlines():
-            words = shlex.split(line.replace('"$PROFILE"', env["PROFILE"]))
-            seen.add(words[0])
-            if words[0] == "remax-bench":
-                args = parser().parse_args(words[1:])  # a subcommand or option that does not exist: SystemExit
-                assert callable(args.func)
-            elif words[0] == "snakemake":
-                _check_snakemake(words, env)
-            else:
-                assert words[0] in known, words[0]
+    for runner in runners:
+        assert (REPO / runner["profile"]).is_file()
+        env = {"PROFILE": runner["profile"]}
+        for step in job["steps"]:
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
+                continue
+            for line in step["run"].strip().splitlines():
+                words = shlex.split(line.replace('"$PROFILE"', env["PROFILE"]))
+                seen.add(words[0])
+                if words[0] == "remax-bench":
+                    args = parser().parse_args(words[1:])  # a subcommand or option that does not exist: SystemExit
+                    assert callable(args.func)
+                elif words[0] == "snakemake":
+                    _check_snakemake(words, env)
+                else:
+                    assert words[0] in known, words[0]
     assert {"remax-bench", "snakemake"} <= seen
+    checkout = next(step for step in job["steps"] if step.get("uses", "").startswith("actions/checkout"))
+    assert checkout["with"]["fetch-depth"] == 0  # the baseline's commit must be in the clone: it is arm A
     paths = [p for step in job["steps"] for p in str(step.get("with", {}).get("report_paths", "")).split()]
-    assert paths == [f"results/{layout.ALERTS_JUNIT}"]  # the file the check rule writes (workflows/rules/check.smk)
+    # the files the nightly and the check rules write (workflows/rules/nightly.smk, check.smk)
+    assert paths == [f"results/{layout.NIGHTLY}/junit.xml", f"results/{layout.ALERTS_JUNIT}"]

@@ -113,8 +113,8 @@ def test_a_framework_is_named_only_in_its_own_folder():
 
 # The stages of harness/, each importing only those before it (docs/design.md, "Layout"). A framework's adapter plans
 # and launches with the runtime's environments and launch skeleton; the config's schema merges the adapters' blocks.
-STAGES = ("io", "remax", "conformance", "reward", "inputs", "results", "runtime", "frameworks", "config", "runs",
-          "regression", "comparison", "report", "cli")
+STAGES = ("reading", "io", "remax", "conformance", "reward", "inputs", "results", "runtime", "frameworks", "config",
+          "runs", "regression", "comparison", "report", "cli")
 
 
 def test_no_stage_imports_a_later_one():

@@ -22,15 +22,16 @@ from conftest import REPO, a100x8_offline, run_cli
 from reward_inputs import direct_scores, model_reward_inputs, reward_server
 
 from harness import HarnessError
-from harness.config import validate_config
+from harness.config import CONFIG_ROLE, validate_config
 from harness.frameworks import get_adapter, read_run
 from harness.frameworks.dschat import REMAX_FOLDERS
 from harness.frameworks.dschat import conformance as ds_conformance
 from harness.frameworks.dschat import ingest as ds_ingest
 from harness.frameworks.dschat import plan as ds_plan
+from harness.frameworks.registry import PLAN_ROLE
 from harness.inputs import resolve_reward
 from harness.inputs.policy import train_tokenizer
-from harness.inputs.task import generate, to_jsonl
+from harness.inputs.task import DATASET_ROLE, generate, to_jsonl
 from harness.io import write_json, write_text
 from harness.runtime.envs import ensure_env
 
@@ -56,7 +57,7 @@ def inputs(tmp_path_factory):
     """Real shared inputs (dataset and a tiny policy) of the small a100x8 config, built by the CLI."""
     d = tmp_path_factory.mktemp("inputs")
     cfg = d / "config.yaml"
-    write_text(cfg, yaml.safe_dump(validate_config(small_a100x8())))
+    write_text(cfg, yaml.safe_dump(validate_config(small_a100x8())), role=CONFIG_ROLE)
     for what in ("dataset", "policy", "reward"):
         proc = run_cli("inputs", what, "--config", cfg, "--inputs", d / "inputs")
         assert proc.returncode == 0, proc.stderr
@@ -65,7 +66,7 @@ def inputs(tmp_path_factory):
 
 def plan_with(tmp_path, inputs, config, seed=1):
     cfg = tmp_path / "config.yaml"  # YAML: the config loader reads JSON's 1e-06 as a string
-    write_text(cfg, yaml.safe_dump(config))
+    write_text(cfg, yaml.safe_dump(config), role=CONFIG_ROLE)
     return run_cli("plan", "dschat", "--config", cfg, "--seed", seed, "--inputs", inputs, "--out", tmp_path / "plan")
 
 
@@ -286,9 +287,10 @@ def run_dir(tmp_path, files: dict[str, str], n_gpus=1):
     d = tmp_path / "run"
     d.mkdir()
     write_json(d / "plan.json", {"framework": "dschat", "framework_version": "ReMax@536ba49+deepspeed-0.10.3",
-                                 "run_id": "dschat-test-s3", "seed": 3, "n_gpus": n_gpus, "samples_per_prompt": 1})
+                                 "run_id": "dschat-test-s3", "seed": 3, "n_gpus": n_gpus, "samples_per_prompt": 1},
+               role=PLAN_ROLE)
     for name, text in files.items():
-        write_text(d / name, text)
+        (d / name).write_text(text)  # the framework's logs: not the harness's
     return d
 
 
@@ -357,11 +359,11 @@ def test_out_of_order_and_json_errors(tmp_path):
     bad = tmp_path / "b"
     bad.mkdir()
     shutil.copy(tmp_path / "run" / "plan.json", bad / "plan.json")
-    write_text(bad / ds_plan.STEPS_LOG, '{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
+    (bad / ds_plan.STEPS_LOG).write_text('{"step": 1, "time_step_s": 1.0}\n{"step": 2,\n')
     with pytest.raises(HarnessError, match=r"dschat_steps.log:1: step record lacks tokens_prompt"):
         ds_ingest.ingest(read_run("dschat", [bad / ds_plan.STEPS_LOG]))
     alone = tmp_path / "alone.log"
-    write_text(alone, (FIXTURES / "perf_step3_console.txt").read_text())
+    alone.write_text((FIXTURES / "perf_step3_console.txt").read_text())
     with pytest.raises(HarnessError, match=r"no plan\.json beside it"):
         ds_ingest.ingest(read_run("dschat", [alone]))
 
@@ -393,7 +395,7 @@ def task_files(tmp_path_factory):
     """A shared dataset (JSONL) and the harness's tokenizer for it, as the launcher reads them."""
     d = tmp_path_factory.mktemp("task")
     rows = generate({"kind": "reverse", "digits": 2, "n_train": 40, "n_eval": 4, "seed": 7})
-    write_text(d / "dataset.jsonl", to_jsonl(rows))
+    write_text(d / "dataset.jsonl", to_jsonl(rows), role=DATASET_ROLE)
     train_tokenizer([r["prompt"] + r["answer"] for r in rows], 64).save_pretrained(d / "tokenizer")
     return d
 
@@ -685,8 +687,8 @@ def test_conformance_without_checkout_says_not_run(monkeypatch, tmp_path):
                            "CI has no GitHub access)")
 def test_setup_rule_checks_out_the_pinned_commit_shallow_and_sparse(tmp_path):
     snakefile = tmp_path / "Snakefile"
-    write_text(snakefile, "".join(f'include: "{REPO / "workflows" / "rules" / name}"\n'
-                                  for name in ("common.smk", "setup.smk")))
+    snakefile.write_text("".join(f'include: "{REPO / "workflows" / "rules" / name}"\n'
+                                 for name in ("common.smk", "setup.smk")))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(
         [Path(sys.executable).parent / "snakemake", "results/src/ReMax", "-s", snakefile, "--directory", tmp_path,

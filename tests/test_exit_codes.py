@@ -271,7 +271,8 @@ def test_summarize_refuses_an_infinite_figure_naming_the_run_and_the_column(tmp_
 
 def test_summarize_refuses_a_step_time_of_0_without_a_warning_first(tmp_path, capsys):
     """A step time of 0 in metrics another tool wrote: numpy's divide-by-zero RuntimeWarning printed a line before
-    the refusal (an error here, so the test sees it)."""
+    the refusal (an error here, so the test sees it). It is refused as it is read, naming the step and the column
+    (the per-step schema's one rule, which ingest applies too)."""
     import warnings
 
     import pandas as pd
@@ -282,7 +283,7 @@ def test_summarize_refuses_a_step_time_of_0_without_a_warning_first(tmp_path, ca
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         refused(capsys, "summarize", "--config", results / "config.json", "--metrics", bad, "--out",
-                tmp_path / "s.csv", names=(bad, "run reference-cpu-s1", "is inf"))
+                tmp_path / "s.csv", names=(bad, "step 1: time_step_s is 0.0, not a positive number"))
 
 
 def test_summarize_leaves_mfu_empty_naming_a_manifest_or_policy_config_of_the_wrong_shape(tmp_path, capsys):
@@ -359,11 +360,11 @@ def checked_world(tmp_path_factory):
     """Three nights in the history, a baseline of them, and a fourth night's outputs in the results directory:
     everything `check`, `baseline update` and `history append` read."""
     from harness.io import write_json
-    from harness.regression.baseline import build_baseline
+    from harness.regression.baseline import BASELINE_ROLE, build_baseline
 
     root = tmp_path_factory.mktemp("checked")
     nights(root / "results", 3)
-    write_json(root / "cpu.json", build_baseline(root / "results" / HISTORY, profile="cpu", last=3))
+    write_json(root / "cpu.json", build_baseline(root / "results" / HISTORY, profile="cpu", last=3), role=BASELINE_ROLE)
     make_results(root / "results", created="2026-01-04T00:00:00+00:00")
     return root
 

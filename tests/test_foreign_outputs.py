@@ -1,6 +1,7 @@
 """No command overwrites a file it did not write (docs/design.md, "Nothing deleted"): every subcommand that takes
 `--out FILE` (or writes a file of a fixed name into a folder it is given), pointed at a file of the user's, refuses
-with exit 2 and one line naming it, and the file is as it was; pointed at its own earlier output, it replaces it."""
+with exit 2 and one line naming it, and the file is as it was; pointed at its own earlier output, it replaces it, but
+not a finished result the harness wrote in another role (a bundle over a summary: `--out` names a role)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,39 @@ def test_an_input_stage_checks_all_its_outputs_before_it_writes_any(tiny, tmp_pa
     assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
     assert f"{inputs / mine}: an existing file that remax-bench did not write" in lines[0], err
     assert (inputs / mine).read_text() == MINE and not (inputs / kept_out).exists()
+
+
+@pytest.fixture
+def finished(tiny, tmp_path):
+    """A copy of the tiny finished results folder, the harness's records of what it wrote included: the commands
+    below are pointed at its files, and `tiny` itself is never written into."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(tiny["root"] / "results", results, symlinks=True)
+    return results
+
+
+RUN = "runs/reference/seed1"
+# Issue #61: each of these exited 0 and destroyed a finished result. command -> (its arguments given the results
+# folder, the file it is pointed at, the role that file holds, the role of the command's write).
+OTHER_ROLES = {
+    "bundle": (lambda r: ["bundle", r, "--out", r / "summary.csv"], "summary.csv", "summary", "a bundle"),
+    "freeze-config": (lambda r: ["freeze-config", "--json", "{}", "--out", r / "summary.csv"], "summary.csv",
+                      "summary", "an effective config"),
+    "ingest": (lambda r: ["ingest", "reference", r / RUN, "--out", r / RUN / "manifest.json"], f"{RUN}/manifest.json",
+               "run manifest", "a metrics file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_ROLES))
+def test_out_on_a_finished_result_of_another_role_is_refused_naming_both_roles(finished, name):
+    argv, rel, held, writing = OTHER_ROLES[name]
+    dest = finished / rel
+    before = dest.read_bytes()
+    rc, err = remax_bench(*argv(finished))
+    lines = [line for line in err.splitlines() if line.startswith("remax-bench ")]
+    assert rc == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert f"{dest}: the {held} remax-bench wrote; refusing to replace it with {writing} (nothing was changed)" \
+        in lines[0], err
+    assert dest.read_bytes() == before

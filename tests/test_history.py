@@ -12,13 +12,13 @@ import pytest
 from conftest import REPO, run_cli
 
 from harness import HarnessError
-from harness.config import load_config, validate_config
+from harness.config import CONFIG_ROLE, load_config, validate_config
 from harness.io import write_json
 from harness.regression.history import append, pipeline_rows, read_history
 from harness.results.layout import HISTORY
 from harness.results.metrics import to_frame, write_metrics
 from harness.results.summarize import summarize
-from harness.runtime.manifest import build_manifest
+from harness.runtime.manifest import MANIFEST_ROLE, build_manifest
 
 
 def make_results(results: Path, *, throughput: float | dict = 1000.0, transition_s: float = 0.001,
@@ -57,8 +57,9 @@ def make_results(results: Path, *, throughput: float | dict = 1000.0, transition
         files.append(path)
         manifest = build_manifest(framework="reference", framework_version="0.1.0", run_id=run_id,
                                   seed=seed, config=config, inputs={"dataset": {"path": "d", "sha256": "0" * 64}})
-        write_json(results / "runs" / "reference" / f"seed{seed}" / "manifest.json", {**manifest, "created": created})
-    write_json(results / "config.json", config)
+        write_json(results / "runs" / "reference" / f"seed{seed}" / "manifest.json", {**manifest, "created": created},
+                   role=MANIFEST_ROLE)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     summarize(files, [], config["remax"]["warmup_steps"]).to_csv(results / "summary.csv", index=False)
     return results
 

@@ -12,8 +12,9 @@ from synthetic_history import commit_of, write_history
 from test_history import make_results
 from test_regression import nights, slowed_config
 
+from harness.comparison.ab import RECORD_ROLE as AB_RECORD_ROLE
 from harness.io import write_json
-from harness.regression.baseline import build_baseline
+from harness.regression.baseline import BASELINE_ROLE, build_baseline
 from harness.regression.history import append
 from harness.report.history import CHARTS, write_history_page
 
@@ -38,12 +39,13 @@ def test_every_night_is_a_point_and_the_checks_alerts_and_new_baselines_are_mark
     n = 40
     runs = write_history(results, n, FRAMEWORKS, slow_from=30, alerts={30, 31, 32}, accepted=35)
     baseline = tmp_path / "baseline.json"
-    write_json(baseline, build_baseline(results / "history", profile="cpu", runs=runs[5:10]))
+    write_json(baseline, build_baseline(results / "history", profile="cpu", runs=runs[5:10]), role=BASELINE_ROLE)
     # An A/B that ran on night 31's commit, its page beside its record.
     ab = results / "ab"
     write_json(ab / "ab.json", {"framework": "reference", "arms": {"A": {"commit": commit_of(29)},
                                                                    "B": {"commit": commit_of(31)}},
-                                "verdict": {"text": "B is 10.2% slower (CI 8.0% to 12.4%, 5 pairs)"}})
+                                "verdict": {"text": "B is 10.2% slower (CI 8.0% to 12.4%, 5 pairs)"}},
+               role=AB_RECORD_ROLE)
     (ab / "index.md").write_text("# A/B\n")
     page = write_history_page(results, tmp_path / "page", baseline)
     html = page.read_text()

@@ -9,17 +9,22 @@ test also sees that each payload arrives verbatim) and `git` answering for the p
 
 from __future__ import annotations
 
+import ast
 import copy
+import hashlib
+import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, snakemake
+from conftest import REPO, run_cli, snakemake
 
 from harness import HarnessError
 from harness.config import schema as config_schema
@@ -27,6 +32,7 @@ from harness.config import validate_config
 from harness.frameworks import get_adapter
 from harness.frameworks.dschat.plan import REMAX_COMMIT
 from harness.inputs import build_dataset, build_policy, build_reward
+from harness.runs.unbundle import RECORD, TOP
 from harness.runtime import envs
 
 PLANNED = ("verl", "openrlhf", "dschat")
@@ -226,3 +232,165 @@ def test_a_payload_in_the_checkout_path_does_not_run_in_the_checkout_rule(tmp_pa
     assert proc.returncode != 0
     log = tmp_path / "results" / "logs" / "setup" / "dschat_checkout.log"
     assert REMAX_COMMIT in log.read_text() or "fatal" in log.read_text()
+
+
+# --- values read from files and arguments never reach git or a shell as options or code (issue #61) ---
+
+
+def _package_shell_calls() -> list[str]:
+    """Every call in harness/ that hands a shell a command line: shell=True, os.system/os.popen, or an argv list of
+    `sh`/`bash` `-c` followed by a string; each with whether its every part is a constant."""
+    found = []
+    shells = {"sh", "bash", "/bin/sh", "/bin/bash"}
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Call):
+                shell = any(k.arg == "shell" and not (isinstance(k.value, ast.Constant) and not k.value.value)
+                            for k in node.keywords)
+                system = ast.unparse(node.func) in ("os.system", "os.popen", "subprocess.getoutput",
+                                                    "subprocess.getstatusoutput")
+                if (shell or system) and not all(isinstance(a, ast.Constant) for a in node.args):
+                    found.append(f"{where}: {ast.unparse(node)[:120]}")
+            if isinstance(node, (ast.List, ast.Tuple)):
+                items = node.elts
+                for i, item in enumerate(items[:-2]):
+                    if (isinstance(item, ast.Constant) and item.value in shells
+                            and isinstance(items[i + 1], ast.Constant) and items[i + 1].value == "-c"
+                            and not isinstance(items[i + 2], ast.Constant)):
+                        found.append(f"{where}: {ast.unparse(node)[:120]}")
+    return found
+
+
+def test_no_shell_command_line_of_the_package_is_built_from_a_value():
+    """A shell reads whatever a value holds as code (`bisect` once put `git rev-parse`'s echo of a folder name in
+    `sh -c`): the package starts programs from argv lists; a shell line, if ever needed, is all constants."""
+    assert _package_shell_calls() == []
+
+
+def test_the_scan_sees_a_shell_line_built_from_a_value(tmp_path, monkeypatch):
+    """The scan above can fail: the shapes it looks for, in a module of its own, are all found."""
+    fake = tmp_path / "harness" / "m.py"
+    fake.parent.mkdir()
+    fake.write_text("import os, subprocess\nx = 'a'\nsubprocess.run(f'echo {x}', shell=True)\nos.system('ls ' + x)\n"
+                    "subprocess.run(['sh', '-c', f'echo {x}'])\nsubprocess.run(['sh', '-c', 'true'])\n"
+                    "subprocess.run('true', shell=True)\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert [line.split(":")[1] for line in _package_shell_calls()] == ["3", "4", "5"]
+
+
+def _hostile_commit_results(tiny: dict, root: Path, commit: str) -> Path:
+    """A copy of the tiny comparison whose run manifest records `commit` as the harness commit that made it."""
+    results = root / "results"
+    shutil.copytree(tiny["root"] / "results", results)
+    manifest = results / "runs" / "reference" / "seed1" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["git"]["commit"] = commit
+    manifest.write_text(json.dumps(record))
+    return results
+
+
+def _rebundled(bundle_path: Path, out: Path, change: dict[str, bytes]) -> Path:
+    """The bundle at `bundle_path` with the entries in `change` (paths under its top folder) replaced, and its
+    bundle.json's sha256 listing made to match: what a hostile publisher can always do."""
+    with tarfile.open(bundle_path, "r:gz") as tar:
+        entries = {m.name.removeprefix(f"{TOP}/"): tar.extractfile(m).read() for m in tar if m.isfile()}
+    entries.update(change)
+    record = json.loads(entries.pop(RECORD))
+    record["files"] = {name: hashlib.sha256(data).hexdigest() for name, data in entries.items()}
+    entries[RECORD] = json.dumps(record).encode()
+    with tarfile.open(out, "w:gz") as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(f"{TOP}/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.mark.parametrize("source", ["results", "bundle"])
+def test_a_recorded_commit_that_is_a_git_option_is_refused_before_git_sees_it(tiny, tmp_path, source):
+    """A manifest whose git.commit is `--output=FILE` once made reproduce's `git diff` create FILE, from a results
+    folder and from a bundle alike; now the manifest is refused, naming the field, before anything runs."""
+    victim = tmp_path / "victim.txt"
+    results = _hostile_commit_results(tiny, tmp_path, f"--output={victim}")
+    if source == "bundle":
+        clean = tmp_path / "clean.tar.gz"
+        assert run_cli("bundle", tiny["root"] / "results", "--out", clean).returncode == 0
+        manifest = (results / "runs" / "reference" / "seed1" / "manifest.json").read_bytes()
+        target = _rebundled(clean, tmp_path / "hostile.tar.gz", {"runs/reference/seed1/manifest.json": manifest})
+    else:
+        target = results
+    proc = run_cli("reproduce", target, "--out", tmp_path / "out")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "git.commit: expected a full hex commit id" in proc.stderr
+    assert not victim.exists() and not (tmp_path / "out").exists()
+
+
+def test_reproduce_with_nothing_to_run_again_is_refused_naming_the_choice(tiny, tmp_path):
+    """Each choice is a framework and a seed the comparison has, but no run has both (a failed seed left out): once
+    "identical" with no run at all, exit 0; now exit 2."""
+    results = tmp_path / "results"
+    shutil.copytree(tiny["root"] / "results", results)
+    summary = (results / "summary.csv").read_text().splitlines()
+    header, row = summary[0].split(","), summary[1].split(",")
+    other = dict(zip(header, row), framework="verl", seed="2", run_id="verl-tiny-s2")  # another framework, seed 2
+    (results / "summary.csv").write_text("\n".join([*summary, ",".join(other[h] for h in header)]) + "\n")
+    proc = run_cli("reproduce", results, "--out", tmp_path / "out", "--frameworks", "reference", "--seeds", "2")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no run of framework reference with seed 2: nothing to run again" in proc.stderr
+    assert "reference seed 1, verl seed 2" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def hostile_checkout(tmp_path):
+    """A git checkout holding DeepSpeed-Chat's main.py, whose own .git/config runs a program (core.fsmonitor) that
+    leaves a marker, with one tracked file changed (so `git status` has work to do)."""
+    checkout, marker = tmp_path / "ReMax", tmp_path / "fsmonitor-ran"
+    (checkout / "step3_rlhf_finetuning").mkdir(parents=True)
+    (checkout / "step3_rlhf_finetuning" / "main.py").write_text("print('main')\n")
+    who = ["-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    subprocess.run(["git", "-C", str(checkout), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(checkout), *who, "commit", "-qm", "x"], check=True)
+    subprocess.run(["git", "-C", str(checkout), "config", "core.fsmonitor", f"touch {marker}; echo"], check=True)
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    return checkout, marker, head
+
+
+def test_a_checkouts_own_git_config_does_not_run_when_it_is_checked(hostile_checkout, monkeypatch):
+    """launch.sh's check of the ReMax checkout (in bash, as launched) and require_checkout (parity, conformance)
+    run `git status` there: the checkout's core.fsmonitor stays off. The check runs to its end: the checkout is
+    taken as the pinned commit, and it is clean."""
+    from harness.frameworks.dschat import plan as dschat_plan
+
+    checkout, marker, head = hostile_checkout
+    monkeypatch.setattr(dschat_plan, "REMAX_COMMIT", head)
+    assert dschat_plan.require_checkout(checkout) == checkout
+    proc = subprocess.run(["bash", "-c", dschat_plan._checkout_check(checkout) + "\necho checked"],
+                          capture_output=True, text=True)
+    assert proc.stdout.strip() == "checked", proc.stderr
+    assert not marker.exists()
+    # the same status, without the harness's settings, does run it: the checkout is hostile indeed
+    subprocess.run(["git", "-C", str(checkout), "status", "--porcelain"], capture_output=True)
+    assert marker.exists()
+
+
+def test_bisect_never_hands_a_folder_name_to_a_shell(tmp_path):
+    """GOOD given as a clean checkout's path: `git rev-parse` once echoed the path, which went unquoted into `sh -c`
+    (a folder named `p;cd;touch X;#` ran `touch` in $HOME). Now GOOD is its resolved commit and no shell runs: the
+    A/B of round 0 is refused for the config it is given (an unknown key), before any training."""
+    home = tmp_path / "home"
+    home.mkdir()
+    checkout = tmp_path / "p;cd;touch X;#"
+    subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(checkout)], check=True)
+    config = tmp_path / "config.yaml"
+    config.write_text("not_a_key: 1\n")
+    proc = subprocess.run([str(Path(sys.executable).parent / "remax-bench"), "bisect", str(checkout), "HEAD",
+                           "--config", str(config), "--out", str(tmp_path / "bisect")],
+                          cwd=checkout, env={**os.environ, "HOME": str(home)}, capture_output=True, text=True,
+                          timeout=300)
+    assert not (home / "X").exists(), proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "is not shown slower than GOOD" in proc.stderr and "not_a_key" in proc.stderr

@@ -16,12 +16,13 @@ import synthetic
 from conftest import REPO, run_cli, snakemake
 
 from harness import HarnessError
-from harness.config import validate_config
-from harness.frameworks.registry import _REGISTRY
+from harness.config import CONFIG_ROLE, validate_config
+from harness.frameworks.registry import _REGISTRY, PLAN_ROLE
 from harness.io import write_json
 from harness.report import CLAIMS_PATH, render
 from harness.report.claims import load_claims
 from harness.results.metrics import to_frame, write_metrics
+from harness.results.summarize import EVAL_ROLE
 
 sys.path.insert(0, str(REPO / "scripts"))
 import browser_check
@@ -152,7 +153,7 @@ def test_a_run_that_never_started_says_which_stage_kept_it_back(tmp_path, framew
     config = validate_config({"frameworks": [FAST, "verl", "dschat"], "seeds": [1], "profile": "synthetic",
                               "remax": {"steps": 20, "warmup_steps": 2}, "launch": {"device": "cpu"},
                               "dschat": {"checkout": str(tmp_path / "src" / "ReMax")}})
-    write_json(results / "config.json", config)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     synthetic.write_run(results, FAST, 1, steps=20, step_s=0.5, final_reward=0.5)
     logs = results / "logs"
     (logs / "setup").mkdir(parents=True)
@@ -186,7 +187,7 @@ def test_runs_without_metrics_get_the_status_their_traces_show(tmp_path, framewo
     (results / "logs" / "run" / f"{FLAT}_seed1.log").touch()  # started, then killed before writing a word
     config = json.loads((results / "config.json").read_text())
     config["frameworks"].append("synthetic-gone")  # registered when the config was frozen, not now
-    write_json(results / "config.json", config)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     synthetic.report(results)
     runs = pd.read_csv(results / "report" / "runs.csv").set_index("framework")
     assert runs.loc[SLOW, "status"] == "failed" and "see the log" in runs.loc[SLOW, "reason"]
@@ -212,7 +213,7 @@ def test_time_to_reward_is_the_wall_time_until_the_trailing_mean_reaches_the_tar
     results = tmp_path / "results"
     config = validate_config({"frameworks": [FAST, FLAT], "seeds": [1], "remax": {"steps": 100, "warmup_steps": 5},
                               "report": {"time_to_reward_fraction": fraction}})
-    write_json(results / "config.json", config)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     # reward 0 for 50 steps, then 1: the trailing mean over 10 steps is 0.1 * (step - 50) from step 51 on
     step_run(results, FAST, 1, [0.0] * 50 + [1.0] * 50, step_s=2.0)
     step_run(results, FLAT, 1, [0.0] * 100, gen_s=float("nan"))  # a framework that does not time generation
@@ -242,7 +243,7 @@ def test_fairness_table_shows_effective_values_and_the_cause_of_each_mismatch(tm
             "deviations": [{"key": "remax.top_p", "shared": 1.0, "effective": 0.9,
                             "cause": "synthetic cause: top_p hard-coded"},
                            {"key": "reward.clip", "shared": None, "effective": 5.0,
-                            "cause": "synthetic cause: reward clipped to +-5"}]})
+                            "cause": "synthetic cause: reward clipped to +-5"}]}, role=PLAN_ROLE)
     synthetic.report(results)
     page = (results / "report" / "index.html").read_text()
     section = page[page.index("4. Fairness"):page.index("5. Published")]
@@ -559,11 +560,11 @@ def test_the_step0_table_has_rows_only_for_runs_that_ran(tmp_path):
     reference = layout.path(results, layout.RUN, framework="reference", seed=1)
     reference.mkdir(parents=True)
     write_json(reference / "eval.json", {"run_id": "r", "before": {"greedy_accuracy": 0.1, "responses": [
-        {"prompt": "12", "response": "21"}]}, "after": {"greedy_accuracy": 0.2}})
+        {"prompt": "12", "response": "21"}]}, "after": {"greedy_accuracy": 0.2}}, role=EVAL_ROLE)
     finished = layout.path(results, layout.RUN, framework="trl", seed=1)
     finished.mkdir(parents=True)
     write_json(finished / "eval.json", {"run_id": "t", "before": {"greedy_accuracy": 0.1},
-                                        "after": {"greedy_accuracy": 0.2}})
+                                        "after": {"greedy_accuracy": 0.2}}, role=EVAL_ROLE)
     runs = [Run("reference", 1, status="ok"), Run("verl", 1), Run("openrlhf", 1, status="failed"),
             Run("trl", 1, status="ok")]
     rows = {r["framework"]: r["text"] for r in step0_view(results, runs, [])}
@@ -576,7 +577,7 @@ def test_the_mismatch_table_gives_each_frameworks_figures_or_why_it_has_none(tmp
     NeMo-RL's 1.05; a framework whose runs logged none says why. The summary carries each run's means."""
     results = tmp_path / "results"
     config = validate_config({"frameworks": [FAST, FLAT], "seeds": [1, 2], "remax": {"steps": 10, "warmup_steps": 5}})
-    write_json(results / "config.json", config)
+    write_json(results / "config.json", config, role=CONFIG_ROLE)
     for seed, (abs_diff, mult) in ((1, (0.01, 1.01)), (2, (0.03, 1.03))):
         rows = [dict(framework=FAST, framework_version="0", run_id=f"{FAST}-{seed}", seed=seed, step=i,
                      n_gpus=0, time_step_s=1.0, time_gen_s=0.5, time_transition_s=0.0, time_train_s=0.25,

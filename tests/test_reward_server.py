@@ -5,6 +5,7 @@ import contextlib
 import http.client
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 from conftest import BIN, REPO, run_cli
 
 from harness import HarnessError, cli, reward
-from harness.inputs import build_reward, resolve_reward
+from harness.inputs import REWARD_RECORD_ROLE, build_reward, resolve_reward
 from harness.io import record_hash, sha256_file, sha256_tree, write_json
 from harness.reward.model import RewardModel
 from harness.reward.server import RewardServer, wait_healthy
@@ -73,8 +74,10 @@ def test_health_names_the_reward_and_its_hash(server):
     assert answer["status"] == "ok" and answer["reward"] == "harness.reward.score" and answer["kind"] == "rule"
     assert answer["sha256"] == sha256_file(REPO / "harness" / "reward" / "__init__.py")
     post(server, good())
-    assert wait_healthy(server.url, 5)["served"] == {"requests": 1, "texts": 2, "score_calls": 1, "failed_calls": 0,
-                                                     "overloaded": 0, "waiting": 0}
+    served = wait_healthy(server.url, 5)["served"]
+    assert served.pop("connections") >= 1  # this health check's own, and the post's until its thread ends
+    assert served == {"requests": 1, "texts": 2, "score_calls": 1, "failed_calls": 0, "overloaded": 0, "waiting": 0,
+                      "over_budget": 0, "connections_refused": 0, "buffered_bytes": 0}
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -443,8 +446,10 @@ def test_serve_reward_refuses_a_bad_reward_input_before_listening(tmp_path, caps
     # ... and the console script: a recorded reward whose checkpoint is a causal LM, not a reward model.
     reward_dir = tmp_path / "inputs" / "reward"
     (reward_dir / "model").mkdir(parents=True)
-    write_json(reward_dir / "model" / "config.json", {"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
-    write_json(reward_dir / "reward.json", {"kind": "model", "sha256": sha256_tree(reward_dir / "model")})
+    (reward_dir / "model" / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                                  "architectures": ["LlamaForCausalLM"]}))
+    write_json(reward_dir / "reward.json", {"kind": "model", "sha256": sha256_tree(reward_dir / "model")},
+               role=REWARD_RECORD_ROLE)
     record_hash(reward_dir)
     causal = run_cli("serve-reward", "--inputs", tmp_path / "inputs")
     assert causal.returncode == 2 and "must be a *ForSequenceClassification checkpoint" in causal.stderr
@@ -464,3 +469,146 @@ def test_the_frameworks_client_gets_the_served_models_scores_and_the_rule_withou
         served = reward.score_batch(prompts, responses, labels, srv.url + "/get_reward")
     assert served == pytest.approx(direct.score(prompts, responses), abs=1e-5)
     assert reward.score_batch(prompts, responses, labels) == [reward.score(*t) for t in zip(prompts, responses, labels)]
+
+
+# --- memory bounds, client disconnects, the command line's ranges (#61) ---
+
+def until(predicate, timeout_s=5):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the server never got there"
+        time.sleep(0.01)
+
+
+def served(srv):
+    return wait_healthy(srv.url, 5)["served"]
+
+
+def half_sent(srv, length, sent=100):
+    """A connection that announced a body of `length` bytes and sent `sent` of them (spaces, which JSON allows
+    before a value): the server holds its request open, waiting for the rest."""
+    sock = socket.create_connection(srv.server_address[:2], timeout=5)
+    sock.sendall(b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % length + b" " * sent)
+    return sock
+
+
+def padded(length, sent=100):
+    """The rest of a half_sent body: a good request, padded with spaces to `length` bytes in all."""
+    return json.dumps(good()).encode().ljust(length - sent)
+
+
+def refusal(sock):
+    """The whole answer the server wrote before it closed the connection: (status, Retry-After, error)."""
+    raw = sock.makefile("rb").read()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    retry = next((line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"retry-after:")), None)
+    return int(head.split()[1]), retry, json.loads(body)["error"]
+
+
+def reset(sock):
+    """Close with an RST, as a killed client or a dropped network does, instead of an orderly FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def kept_alive_answer(sock):
+    """The status and rewards of one answer on a kept-alive connection."""
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    return resp.status, json.loads(resp.read())["rewards"]
+
+
+def test_bodies_held_across_connections_are_capped_and_the_budget_is_released_after():
+    with serving(max_body=4096, max_buffered_bytes=3 * 4096) as srv:
+        held = [half_sent(srv, 4000) for _ in range(3)]
+        until(lambda: served(srv)["buffered_bytes"] == 12000)
+        with half_sent(srv, 4000, sent=0) as over:  # 16,000 bytes held would pass the 12,288 allowed
+            assert refusal(over) == (503, "1", "overloaded: 12000 bytes of request bodies are held (--max-buffered-"
+                                               "bytes 12288 in all); this one's 4000 would pass it; retry in 1 s")
+        held[0].sendall(padded(4000))
+        assert kept_alive_answer(held[0]) == (200, [1.0, 0.0])
+        reset(held[1])
+        held[2].close()
+        until(lambda: served(srv)["buffered_bytes"] == 0)
+        assert post(srv, b" " * 100 + padded(4000))[0] == 200
+        assert served(srv)["over_budget"] == 1
+        held[0].close()
+
+
+def test_connections_past_the_cap_get_503_at_once_and_the_server_keeps_serving():
+    with serving(max_connections=2) as srv:
+        held = [half_sent(srv, 4000) for _ in range(2)]  # accepted in order: both are open before the third
+        with socket.create_connection(srv.server_address[:2], timeout=5) as third:
+            assert refusal(third) == (503, "1", "overloaded: 2 connections are open (--max-connections 2); "
+                                                "retry in 1 s")
+        for sock in held:
+            sock.close()
+
+        def serves():
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                return post(srv, good())[0] == 200
+            return False
+
+        until(serves)
+        assert served(srv)["connections_refused"] >= 1
+
+
+def request_bytes(body):
+    return b"POST /get_reward HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize("when", ["reset during the body", "closed during the body", "reset before the answer",
+                                  "reset while idle"])
+def test_a_client_that_disconnects_is_one_log_line(when, capsys):
+    scorer = Recorder(gate=when == "reset before the answer")
+    with serving(shared(scorer)) as srv:
+        if when.endswith("during the body"):
+            sock = half_sent(srv, 4000)
+            until(lambda: served(srv)["buffered_bytes"] == 4000)
+        else:
+            sock = socket.create_connection(srv.server_address[:2], timeout=5)
+            sock.sendall(request_bytes(json.dumps(numbered(1)).encode()))
+            if scorer.gate is not None:
+                assert scorer.entered.wait(20)
+            else:
+                assert kept_alive_answer(sock) == (200, [1.0])
+        if when.startswith("closed"):
+            sock.close()
+        else:
+            reset(sock)
+        if scorer.gate is not None:
+            scorer.gate.set()
+        until(lambda: served(srv)["connections"] == 1)  # only this health check's own: the handler is done
+        err = capsys.readouterr().err
+        assert post(srv, numbered(2))[0] == 200
+    lines = err.splitlines()
+    assert len(lines) == 1 and "disconnected" in lines[0] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--host", ""], "argument --host: a value, not an empty"),
+    (["--health-check", ""], "argument --health-check: a value, not an empty"),
+    (["--inputs", ""], "argument --inputs: a value, not an empty"),
+    (["--health-check", "127.0.0.1:8000"], "argument --health-check: a URL starting with http:// or https://"),
+    (["--max-body-bytes", "99999999999999999999"], "argument --max-body-bytes: at most 1073741824, not "
+                                                   "99999999999999999999"),
+    (["--max-buffered-bytes", "0"], "argument --max-buffered-bytes: at least 1, not 0"),
+    (["--max-connections", "70000"], "argument --max-connections: at most 65536, not 70000"),
+    (["--max-length", "99999999999"], "argument --max-length: at most 1048576, not 99999999999"),
+    (["--max-length", "4"], "argument --max-length: at least 8, not 4"),
+    (["--max-pending", "1000000"], "argument --max-pending: at most 65536, not 1000000"),
+    (["--batch-size", "100000"], "argument --batch-size: at most 65536, not 100000"),
+])
+def test_serve_reward_refuses_an_empty_value_or_a_number_out_of_range_naming_the_option(argv, said, capsys):
+    with pytest.raises(SystemExit) as refused:  # parsing only: whatever got through is never served
+        cli.parser().parse_args(["serve-reward", *argv])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and said in err, err
+
+
+def test_serve_reward_refuses_a_total_budget_below_one_body(capsys):
+    assert cli.main(["serve-reward", "--max-body-bytes", "2048", "--max-buffered-bytes", "1024"]) == 2
+    out = capsys.readouterr()
+    assert ("--max-buffered-bytes 1024 is less than --max-body-bytes 2048: no body that large could ever be read"
+            in out.err) and "serving" not in out.out

@@ -14,11 +14,11 @@ DEFAULT_INPUTS = f"{layout.RESULTS}/{layout.INPUTS}"
 
 
 def with_config(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--config", required=True, help="config YAML/JSON (validated against the schema)")
+    sp.add_argument("--config", type=nonempty, required=True, help="config YAML/JSON (validated against the schema)")
 
 
 def with_inputs(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--inputs", default=DEFAULT_INPUTS, help="inputs directory (default: %(default)s)")
+    sp.add_argument("--inputs", type=nonempty, default=DEFAULT_INPUTS, help="inputs directory (default: %(default)s)")
 
 
 def config(args: argparse.Namespace) -> dict:
@@ -124,4 +124,44 @@ def fraction(text: str) -> float:
     value = positive(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"a number between 0 and 1, not {text!r}")
+    return value
+
+
+# The caps and string checks of every subcommand's options but serve-reward's (tests/test_cli.py walks the parser
+# for an option without them).
+MAX_PAIRS = 500  # harness.comparison.ab.MAX_PAIRS (importing it here would load pandas for every subcommand)
+MAX_GPUS = 64 * 1024  # the schema's launch.gpus_per_node (64) times launch.nnodes (1024)
+MAX_BASELINE_RUNS = 10_000  # nightly pipeline runs: decades of nights
+
+
+def nonempty(value: str) -> str:
+    """An argparse type: a value that names something (a path, a framework, a JSON object); an empty or blank one is
+    refused: as a path it is the current directory, which `--out ""` would write into."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"a value, not an empty or blank string ({value!r})")
+    return value
+
+
+def git_ref(value: str) -> str:
+    """An argparse type: a git ref, or a checkout's path; never one that git would read as an option."""
+    if nonempty(value).startswith("-"):
+        raise argparse.ArgumentTypeError(f"a git ref or a checkout's path, not {value!r}, which starts with '-' (git "
+                                         f"would read it as an option; a path: ./{value})")
+    return value
+
+
+# serve-reward's ranges (harness.reward.server; #61). Each is far past real use and refuses only a typo or a value the
+# server could not honour: a 1 GiB body is ~100 times a 1,024-prompt batch; 64 GiB of bodies held, more memory than a
+# node gives a reward server; a connection is a thread, and 65,536 threads pass any node's limit; a reward model's
+# context of 2**20 tokens, past any model's. --max-length starts at the schema's reward.max_length minimum.
+MAX_BODY_BYTES, MAX_BUFFERED_BYTES = 1 << 30, 1 << 36
+MAX_CONNECTIONS = MAX_PENDING = MAX_BATCH = 1 << 16
+MIN_TOKENS, MAX_TOKENS = 8, 1 << 20
+
+
+def http_url(value: str) -> str:
+    """An argparse type: an http:// or https:// URL (urllib refuses "host:port" as an unknown scheme, which a health
+    check would retry until its timeout)."""
+    if not nonempty(value).lower().startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"a URL starting with http:// or https://, not {value!r}")
     return value

@@ -8,21 +8,21 @@ import sys
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import config, with_config, with_inputs
+from harness.cli.args import config, nonempty, with_config, with_inputs
 
 
 def cmd_freeze_config(args: argparse.Namespace) -> None:
-    from harness.config import validate_config
+    from harness.config import CONFIG_ROLE, validate_config
     from harness.io import parse_document, write_json
 
     write_json(args.out, validate_config(parse_document(args.json, "--json", yaml_syntax=False),
-                                         source="snakemake config"))
+                                         source="snakemake config"), role=CONFIG_ROLE)
 
 
 def _freeze_config(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("freeze-config", help="validate a config given as JSON, fill defaults, write it")
-    sp.add_argument("--json", required=True)
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--json", type=nonempty, required=True)
+    sp.add_argument("--out", type=nonempty, required=True)
     sp.set_defaults(func=cmd_freeze_config)
 
 
@@ -43,14 +43,14 @@ def _inputs(sub: argparse._SubParsersAction) -> None:
 
 def cmd_summarize(args: argparse.Namespace) -> None:
     from harness.io import atomic_path
-    from harness.results.summarize import efficiency_of, summarize
+    from harness.results.summarize import SUMMARY_ROLE, efficiency_of, summarize
 
     cfg = config(args)
     evals = [Path(d) / "eval.json" for d in args.runs if (Path(d) / "eval.json").is_file()]
     efficiency = efficiency_of(cfg, Path(args.policy), [Path(d) for d in args.runs]) if args.policy else None
     summary = summarize([Path(p) for p in args.metrics], evals, cfg["remax"]["warmup_steps"], efficiency,
                         partial=args.partial)
-    with atomic_path(args.out) as tmp:
+    with atomic_path(args.out, role=SUMMARY_ROLE) as tmp:
         summary.to_csv(tmp, index=False)
     print(summary.to_string(index=False))
 
@@ -58,15 +58,16 @@ def cmd_summarize(args: argparse.Namespace) -> None:
 def _summarize(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("summarize", help="per-run summaries (after warm-up) -> CSV")
     with_config(sp)
-    sp.add_argument("--metrics", nargs="+", required=True, help="common-schema parquet files")
-    sp.add_argument("--runs", nargs="*", default=[],
+    sp.add_argument("--metrics", type=nonempty, nargs="+", required=True, help="common-schema parquet files")
+    sp.add_argument("--runs", type=nonempty, nargs="*", default=[],
                     help="run directories; the eval.json of those that have one (greedy accuracy) is joined by run_id")
-    sp.add_argument("--policy", help="the shared policy checkpoint: its config.json gives the model FLOPs of the MFU "
-                                     "columns (against each run directory's peak)")
+    sp.add_argument("--policy", type=nonempty,
+                    help="the shared policy checkpoint: its config.json gives the model FLOPs of the MFU columns "
+                         "(against each run directory's peak)")
     sp.add_argument("--partial", action="store_true",
                     help="leave out (and name) a run that cannot be summarized, instead of failing; for the report "
                          "of a failed pipeline run, which marks such a run failed")
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--out", type=nonempty, required=True)
     sp.set_defaults(func=cmd_summarize)
 
 
@@ -74,6 +75,7 @@ def cmd_conformance(args: argparse.Namespace) -> None:
     """Each configured framework's own advantage code on the shared vectors, in one table for the report."""
     import pandas as pd
 
+    from harness.conformance import TABLE_ROLE
     from harness.frameworks import conformance_env, get_adapter
     from harness.io import atomic_path
     from harness.report.tables import shared_vectors_source
@@ -85,7 +87,7 @@ def cmd_conformance(args: argparse.Namespace) -> None:
     if not tables:
         raise HarnessError(f"{args.config}: no configured framework has a conformance check")
     table = pd.concat(tables, ignore_index=True)
-    with atomic_path(args.out) as tmp:
+    with atomic_path(args.out, role=TABLE_ROLE) as tmp:
         table.to_csv(tmp, index=False)
     print(table.to_string(index=False))
 
@@ -93,7 +95,7 @@ def cmd_conformance(args: argparse.Namespace) -> None:
 def _conformance(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("conformance", help="frameworks' own ReMax advantage vs the reference (builds their CPU envs)")
     with_config(sp)
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--out", type=nonempty, required=True)
     sp.set_defaults(func=cmd_conformance)
 
 
@@ -118,9 +120,9 @@ def _parity(sub: argparse._SubParsersAction) -> None:
                                        "on one fixed batch against the reference (builds their environments)")
     with_config(sp)
     with_inputs(sp)
-    sp.add_argument("--frameworks", nargs="+", help="these frameworks only (default: every configured one with a "
-                                                    "parity driver)")
-    sp.add_argument("--out", required=True, help="a folder: the batch, each update, parity.csv")
+    sp.add_argument("--frameworks", type=nonempty, nargs="+",
+                    help="these frameworks only (default: every configured one with a parity driver)")
+    sp.add_argument("--out", type=nonempty, required=True, help="a folder: the batch, each update, parity.csv")
     sp.set_defaults(func=cmd_parity)
 
 
@@ -133,9 +135,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 def _report(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("report", help="comparison report (index.html, throughput.md/.csv, figures, runs.csv) "
                                        "from a results directory; every planned run listed, failed ones too")
-    sp.add_argument("results_dir")
-    sp.add_argument("--out", required=True)
-    sp.add_argument("--summary", help="the summarize stage's table (default: RESULTS_DIR/summary.csv)")
+    sp.add_argument("results_dir", type=nonempty)
+    sp.add_argument("--out", type=nonempty, required=True)
+    sp.add_argument("--summary", type=nonempty, help="the summarize stage's table (default: RESULTS_DIR/summary.csv)")
     sp.set_defaults(func=cmd_report)
 
 

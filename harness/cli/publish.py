@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from harness.cli.args import nonempty
+
 
 def cmd_bundle(args: argparse.Namespace) -> None:
     from harness.runs.bundle import make_bundle
@@ -18,14 +20,15 @@ def _bundle(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("bundle", help="a finished results directory as one .tar.gz to publish: config, summary, "
                                        "every run's manifest, plan and metrics, the generated inputs, each "
                                        "environment's lock (not the raw logs, checkpoints or repeats)")
-    sp.add_argument("results", help="the results directory (config.json, summary.csv, runs/, metrics/, inputs/)")
-    sp.add_argument("--out", required=True, help="the bundle to write, e.g. NAME.tar.gz (never over a file "
-                                                 "remax-bench did not write)")
+    sp.add_argument("results", type=nonempty,
+                    help="the results directory (config.json, summary.csv, runs/, metrics/, inputs/)")
+    sp.add_argument("--out", type=nonempty, required=True,
+                    help="the bundle to write, e.g. NAME.tar.gz (never over anything but a bundle remax-bench wrote)")
     sp.set_defaults(func=cmd_bundle)
 
 
 def cmd_unbundle(args: argparse.Namespace) -> None:
-    from harness.runs.bundle import describe, open_bundle
+    from harness.runs.unbundle import describe, open_bundle
 
     into = open_bundle(args.bundle, args.out)
     record = describe(into)
@@ -37,8 +40,9 @@ def _unbundle(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("unbundle", help="open a bundle into a folder laid out like a results directory; exit 2 "
                                          "naming the entry for a link, a path outside the bundle, a file changed, "
                                          "missing or added, or a damaged tar (nothing is written then)")
-    sp.add_argument("bundle", help="a .tar.gz made by `remax-bench bundle`")
-    sp.add_argument("--out", required=True, help="the folder to open it into (new, empty, or an opened bundle)")
+    sp.add_argument("bundle", type=nonempty, help="a .tar.gz made by `remax-bench bundle`")
+    sp.add_argument("--out", type=nonempty, required=True,
+                    help="the folder to open it into (new, empty, or an opened bundle)")
     sp.set_defaults(func=cmd_unbundle)
 
 

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from harness import HarnessError
-from harness.cli.args import at_least, config, minutes, seed, with_config, with_inputs
+from harness.cli.args import MAX_GPUS, at_least, config, minutes, nonempty, seed, with_config, with_inputs
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -36,10 +36,10 @@ def _run_plan_train(sub: argparse._SubParsersAction) -> None:
                               ("train", cmd_train, "train one (framework, seed) into a run directory, whatever the "
                                                    "framework: an embedded run, or plan, launch and ingest")):
         sp = sub.add_parser(name, help=help_)
-        sp.add_argument("framework")
+        sp.add_argument("framework", type=nonempty)
         with_config(sp)
         sp.add_argument("--seed", type=seed, required=True)
-        sp.add_argument("--out", required=True)
+        sp.add_argument("--out", type=nonempty, required=True)
         with_inputs(sp)
         if name == "train":
             sp.add_argument("--timeout-min", type=minutes,
@@ -55,8 +55,8 @@ def cmd_launch(args: argparse.Namespace) -> None:
 
 def _launch(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("launch", help="run a planned framework run (PLAN_DIR/launch.sh) under a timeout")
-    sp.add_argument("plan_dir")
-    sp.add_argument("--out", required=True, help="run directory (appears only when the run succeeded)")
+    sp.add_argument("plan_dir", type=nonempty)
+    sp.add_argument("--out", type=nonempty, required=True, help="run directory (appears only when the run succeeded)")
     sp.add_argument("--timeout-min", type=minutes, required=True)
     with_config(sp)
     sp.set_defaults(func=cmd_launch)
@@ -73,10 +73,10 @@ def cmd_ingest(args: argparse.Namespace) -> None:
 
 def _ingest(sub: argparse._SubParsersAction) -> None:
     sp = sub.add_parser("ingest", help="a framework's own logs -> common schema parquet")
-    sp.add_argument("framework")
-    sp.add_argument("logs", nargs="+", help="log files, or run directories")
-    sp.add_argument("--out", required=True)
-    sp.add_argument("--n-gpus", type=at_least(0), default=None)
+    sp.add_argument("framework", type=nonempty)
+    sp.add_argument("logs", type=nonempty, nargs="+", help="log files, or run directories")
+    sp.add_argument("--out", type=nonempty, required=True)
+    sp.add_argument("--n-gpus", type=at_least(0, MAX_GPUS), default=None, help=f"0 to {MAX_GPUS}")
     sp.set_defaults(func=cmd_ingest)
 
 
@@ -110,10 +110,12 @@ def _reproduce(sub: argparse._SubParsersAction) -> None:
                                           "exit 2 naming what differs when inputs, commit, packages or machine are "
                                           "not the recorded ones); a comparison on any machine, a verdict per "
                                           "figure (exit 1 when one is not consistent)")
-    sp.add_argument("source", help="a run directory, a results directory, or a bundle (remax-bench bundle)")
-    sp.add_argument("--out", required=True, help="the rerun's folder (never the original)")
-    sp.add_argument("--inputs", help="the inputs directory (default: the run's, the results' or the bundle's)")
-    sp.add_argument("--frameworks", nargs="+", help="a comparison's frameworks to rerun (default: all)")
+    sp.add_argument("source", type=nonempty,
+                    help="a run directory, a results directory, or a bundle (remax-bench bundle)")
+    sp.add_argument("--out", type=nonempty, required=True, help="the rerun's folder (never the original)")
+    sp.add_argument("--inputs", type=nonempty,
+                    help="the inputs directory (default: the run's, the results' or the bundle's)")
+    sp.add_argument("--frameworks", type=nonempty, nargs="+", help="a comparison's frameworks to rerun (default: all)")
     sp.add_argument("--seeds", nargs="+", type=seed, help="a comparison's seeds to rerun (default: all)")
     sp.add_argument("--timeout-min", type=minutes, help="a planned framework's timeout (default: the config's)")
     sp.set_defaults(func=cmd_reproduce)

@@ -41,8 +41,11 @@ from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
 from harness.runs.train import METRICS
 from harness.runtime import envs
+from harness.runtime.git import git, is_commit_id
+from harness.runtime.git import run as run_git
 
 RECORD = "ab.json"
+RECORD_ROLE = "A/B record"  # what RECORD is (harness.io.WRITTEN)
 OWNER = {"kind": "ab"}  # harness.io.OWNER: a later A/B may replace this one, nothing else may
 # The config sections the shared inputs are built from: arms that differ in them would not train on the same inputs.
 INPUT_SECTIONS = ("task", "policy", "reward")
@@ -73,13 +76,6 @@ class Arm:
     built: dict[str, dict] = field(default_factory=dict)  # what each environment of its runs was made from
 
 
-def git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    if proc.returncode:
-        raise HarnessError(f"git {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout.strip()
-
-
 def _merge(into: dict, over: dict) -> dict:
     out = dict(into)
     for k, v in over.items():
@@ -101,16 +97,20 @@ def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
             raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}={spec}: no such description file")
         arm.envs[name] = spec.resolve()
     given = Path(arm.spec)
-    if given.is_dir() and (given / "harness").is_dir():
+    try:  # a name past the system's limits (a ref of 300 characters) is no folder
+        checkout = given.is_dir() and (given / "harness").is_dir()
+    except OSError:
+        checkout = False
+    if checkout:
         status = git(given, "status", "--porcelain", "--untracked-files=no")
         if status:
             raise HarnessError(f"arm {arm.label}: {given} has uncommitted changes ({status.splitlines()[0].strip()} "
                                "...): commit them, or give a ref, so that the verdict names the code that ran")
         arm.commit, arm.tree = git(given, "rev-parse", "HEAD"), given.resolve()
         return
-    proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{arm.spec}^{{commit}}"],
-                          capture_output=True, text=True)
-    if proc.returncode:
+    # --end-of-options: a ref named like an option is looked up as a ref, never read as one
+    proc = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{arm.spec}^{{commit}}")
+    if proc.returncode or not is_commit_id(proc.stdout.strip()):
         raise HarnessError(f"arm {arm.label}: {arm.spec!r} is not a commit of {repo} (git rev-parse found nothing)")
     arm.commit, arm.tree, arm.worktree = proc.stdout.strip(), where, True
 
@@ -233,10 +233,10 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
         finally:
             for arm in (a, b):
                 if arm.worktree and arm.tree is not None and arm.tree.exists():
-                    git(repo, "worktree", "remove", "--force", str(arm.tree))
+                    git(repo, "worktree", "remove", "--force", "--", str(arm.tree))
             # gigabytes each, and rebuilt from their descriptions: the record keeps what they held (pip freeze)
             shutil.rmtree(tmp / "envs", ignore_errors=True)
-        write_json(tmp / RECORD, record)
+        write_json(tmp / RECORD, record, role=RECORD_ROLE)
         if render is not None:
             render(record, tmp)
     return record
@@ -252,7 +252,7 @@ def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
         resolve_arm(arm, repo, tmp / "arms" / arm.label)
     for arm in arms:
         if arm.worktree:
-            git(repo, "worktree", "add", "--detach", str(arm.tree), arm.commit)
+            git(repo, "worktree", "add", "--detach", "--", str(arm.tree), arm.commit)
         if not (arm.tree / TRAIN_MODULE).is_file():  # type: ignore[operator]
             raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): its harness has no `remax-bench train` "
                                f"({TRAIN_MODULE}), which trains each run of an A/B: compare commits from the one that "

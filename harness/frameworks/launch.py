@@ -24,13 +24,15 @@ from harness.frameworks import get_adapter, read_plan, read_run
 from harness.io import atomic_path, log_tail, write_json
 from harness.results import layout
 from harness.results.efficiency import framework_cpu_peak
+from harness.results.summarize import EVAL_ROLE
 from harness.runtime import container
 from harness.runtime.container import env_command
-from harness.runtime.manifest import build_manifest
+from harness.runtime.manifest import MANIFEST_ROLE, build_manifest
 
 CONSOLE_LOG = "console.log"
 LAUNCH_RECORD = "launch.json"  # the launch's own times (start, end: seconds since the epoch) and exit code
 EVAL = "eval.json"  # what harness.results.summarize.read_eval reads, in the reference backend's form
+LAUNCH_RECORD_ROLE = "launch record"  # what LAUNCH_RECORD is (harness.io.WRITTEN)
 
 
 TAIL_LINES = 40  # of a failed run's log, printed with its error
@@ -180,7 +182,7 @@ def write_evaluation(run_dir: Path, framework: str) -> None:
         print(f"remax-bench launch: no eval.json: {framework} logged no evaluation before and after training",
               file=sys.stderr)
         return
-    write_json(run_dir / EVAL, record)
+    write_json(run_dir / EVAL, record, role=EVAL_ROLE)
 
 
 PROGRESS_EVERY_S = 30.0  # a progress line this often while a framework runs
@@ -279,11 +281,12 @@ def launch(plan_dir: str | Path, run_dir: str | Path, timeout_min: float, config
             reason += f": {cause}" if cause else ""
             raise HarnessError(f"{plan_dir.name}: run failed: {reason}\n--- last lines of {CONSOLE_LOG} ---\n"
                                + "\n".join(log.splitlines()[-TAIL_LINES:]))
-        write_json(tmp / LAUNCH_RECORD, {"start": start, "end": time.time(), "exit_code": proc.returncode})
+        write_json(tmp / LAUNCH_RECORD, {"start": start, "end": time.time(), "exit_code": proc.returncode},
+                   role=LAUNCH_RECORD_ROLE)
         write_evaluation(tmp, plan["framework"])
         write_json(tmp / "manifest.json", build_manifest(
             framework=plan["framework"], framework_version=plan["framework_version"], run_id=plan["run_id"],
             seed=plan["seed"], config=config, inputs=plan["inputs"],
             extra={"environment": environment_record(plan.get("env"), config),
                    "timed_window": {"start": start, "end": time.time()}, **({"peak_flops": peak} if peak else {})},
-        ))
+        ), role=MANIFEST_ROLE)

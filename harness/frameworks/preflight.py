@@ -32,6 +32,7 @@ GiB = 1024 ** 3
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 # Processes a Ray cluster leaves running (`ray start`, or a driver that died without `ray.shutdown()`).
 RAY_PROCESSES = ("raylet", "gcs_server")
+PREFLIGHT_ROLE = "preflight report"  # what render's text is, written by `preflight --out` (harness.io.WRITTEN)
 
 
 def nvidia_smi(*args: str) -> str | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from harness.checkpoint import head_dim as checkpoint_head_dim
 from harness.durations import how_long
 from harness.io import OWNER, check_replaceable, read_document, read_json_object, write_json
 from harness.runtime import envs
+from harness.runtime.git import run as run_git
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,7 @@ def refuse_foreign_checkout(name: str, config: dict) -> None:
                            f"{name}.checkout to a new or empty folder")
     commit = get_adapter(name).checkout.commit  # type: ignore[union-attr]
     try:
-        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        head = run_git(path, "rev-parse", "HEAD").stdout
     except OSError:
         head = ""
     if head.strip() == commit:
@@ -348,7 +348,7 @@ def not_runnable(adapter: Adapter, config: dict) -> str | None:
 
 
 CPU_FRAMEWORKS_PROFILE = "workflows/config/cpu-frameworks.yaml"  # every framework with a CPU path, on the CPU
-
+PLAN_ROLE = "plan record"  # what write_plan writes, a plan.json (harness.io.WRITTEN)
 PLAN_IDENTITY = ("framework", "framework_version", "run_id", "seed", "n_gpus")
 # What every plan.json holds for its launch: the identity, and the shared inputs' record
 # (harness.inputs.resolve_inputs), which the run's manifest copies.
@@ -387,7 +387,7 @@ def write_plan(path: Path, plan: dict, config: dict) -> None:
     if errors:
         raise HarnessError(f"{path}: the {plan.get('framework', '?')} adapter's plan is not a plan record "
                            f"({'; '.join(errors)})")
-    write_json(path, plan)
+    write_json(path, plan, role=PLAN_ROLE)
 
 
 def read_plan(path: Path, keys: Sequence[str] = PLAN_RECORD) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 from harness import HarnessError
 from harness.inputs import task
 from harness.io import (
+    SIDECAR_ROLE,
     atomic_path,
     check_replaceable,
     read_json_object,
@@ -21,26 +22,32 @@ from harness.reward.shared import rule_identity
 DATASET = "dataset.jsonl"
 POLICY = "policy"
 BUILD_RECORD = "policy.build.json"  # how the policy was built (none for a linked checkpoint)
+BUILD_RECORD_ROLE = "policy build record"  # what BUILD_RECORD is (harness.io.WRITTEN)
+POLICY_LINK_ROLE = "policy link"  # a linked checkpoint, replaced as a link (harness.io.check_replaceable)
 # The shared reward: REWARD/reward.json says which, and for a reward model REWARD/model is the checkpoint
 # (trained here, or a link to `reward.path`).
 REWARD = "reward"
 REWARD_RECORD = "reward.json"
+REWARD_RECORD_ROLE = "shared-reward record"  # what REWARD_RECORD is (harness.io.WRITTEN)
 REWARD_MODEL = "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any of them: a checkpoint has a tokenizer
 
 
-def check_outputs(*outputs: tuple[Path, dict | None]) -> None:
-    """HarnessError unless every (input, owner) a stage writes, and the input's sha256 sidecar, may be replaced
-    (harness.io.check_replaceable): all checked before the stage writes any, so that a refused one leaves none of
-    the others renewed."""
-    for path, owner in outputs:
-        check_replaceable(path, owner)
-        check_replaceable(sidecar(path))
+def check_outputs(*outputs: tuple[Path, dict | str]) -> None:
+    """HarnessError unless every input a stage writes (with a folder's owner or a file's role), and the input's
+    sha256 sidecar, may be replaced (harness.io.check_replaceable): all checked before the stage writes any, so that a
+    refused one leaves none of the others renewed."""
+    for path, what in outputs:
+        if isinstance(what, dict):
+            check_replaceable(path, what)
+        else:
+            check_replaceable(path, role=what)
+        check_replaceable(sidecar(path), role=SIDECAR_ROLE)
 
 
 def build_dataset(config: dict, inputs_dir: str | Path) -> str:
     path = Path(inputs_dir) / DATASET
-    check_outputs((path, None))
+    check_outputs((path, task.DATASET_ROLE))
     task.write_dataset(config["task"], path)
     return record_hash(path)
 
@@ -53,15 +60,15 @@ def build_policy(config: dict, inputs_dir: str | Path) -> str:
 
     inputs_dir = Path(inputs_dir)
     checkpoint = Path(config["policy"]["path"]) if config["policy"]["path"] else None
-    check_outputs((inputs_dir / POLICY, None if checkpoint else OWNER))
+    check_outputs((inputs_dir / POLICY, POLICY_LINK_ROLE if checkpoint else OWNER))
     if checkpoint is None:
-        check_replaceable(inputs_dir / BUILD_RECORD)
+        check_replaceable(inputs_dir / BUILD_RECORD, role=BUILD_RECORD_ROLE)
     has_tokenizer = checkpoint is None or any((checkpoint / name).is_file() for name in TOKENIZER_FILES)
     if has_tokenizer:
         verify_hash(inputs_dir / DATASET)
         dataset = task.read_dataset(inputs_dir / DATASET)
     if checkpoint is None:
-        write_json(inputs_dir / BUILD_RECORD, make_policy(dataset, config, inputs_dir / POLICY))
+        write_json(inputs_dir / BUILD_RECORD, make_policy(dataset, config, inputs_dir / POLICY), role=BUILD_RECORD_ROLE)
         return record_hash(inputs_dir / POLICY)
     if has_tokenizer:
         from transformers import AutoTokenizer
@@ -108,7 +115,7 @@ def build_reward(config: dict, inputs_dir: str | Path) -> str:
             if rc["sha256"] and rc["sha256"] != record["sha256"]:
                 raise HarnessError(f"config: at reward.sha256: the reward model {rc['path']} has sha256 "
                                    f"{record['sha256']}, not {rc['sha256']}: a different or changed checkpoint")
-        write_json(tmp / REWARD_RECORD, record)
+        write_json(tmp / REWARD_RECORD, record, role=REWARD_RECORD_ROLE)
     return record_hash(dest)
 
 
@@ -138,6 +145,6 @@ def link_policy(checkpoint: Path, dest: Path) -> str:
     if not (checkpoint / "config.json").is_file():
         raise HarnessError(f"config: at policy.path: {checkpoint} is not a Hugging Face checkpoint directory "
                            "(no config.json)")
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, role=POLICY_LINK_ROLE) as tmp:
         tmp.symlink_to(checkpoint.resolve(), target_is_directory=True)
     return record_hash(dest)

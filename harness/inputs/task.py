@@ -174,10 +174,11 @@ def canonical(records: list[dict], splits: list[str] | None, task: dict, source:
 
 
 SOURCES = {"file": from_file, "hub": from_hub}
+DATASET_ROLE = "dataset"  # what write_dataset writes (harness.io.WRITTEN)
 
 
 def write_dataset(task: dict, dest: str | Path) -> None:
-    write_text(dest, to_jsonl(SOURCES.get(task["kind"], generate)(task)))
+    write_text(dest, to_jsonl(SOURCES.get(task["kind"], generate)(task)), role=DATASET_ROLE)
 
 
 def read_dataset(path: str | Path) -> dict[str, list[dict]]:

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 BATCH = "batch.pt"
 SETTINGS = "settings.json"
+# What SETTINGS and save_update's file are (harness.io.WRITTEN).
+SETTINGS_ROLE, UPDATE_ROLE = "parity settings record", "parity update"
 ACTOR = "actor"
 REF = "ref"
 OWNER = {"kind": "parity batch"}
@@ -139,11 +141,11 @@ def write_batch(config: dict, inputs_dir: str | Path, dest: str | Path) -> None:
                     "prompts": [r["prompt"] for r in chosen for _ in range(n)], "responses": texts,
                     "answers": [r["answer"] for r in chosen for _ in range(n)]}, tmp / BATCH)
         probe = {**rc, "kl_coef": max(rc["kl_coef"], KL_PROBE)}
-        write_json(tmp / SETTINGS, {"remax": probe, "seed": seed, "warm_steps": warm_steps})
+        write_json(tmp / SETTINGS, {"remax": probe, "seed": seed, "warm_steps": warm_steps}, role=SETTINGS_ROLE)
         norm = reference_update(tmp, remax={**probe, "grad_clip": math.inf})["grad_norm"]
         write_json(tmp / SETTINGS, {"remax": {**probe, "grad_clip": float(f"{CLIP_PROBE * norm:.3g}")},
                                     "seed": seed, "warm_steps": warm_steps,
-                                    "run_settings": {k: rc[k] for k in ("kl_coef", "grad_clip")}})
+                                    "run_settings": {k: rc[k] for k in ("kl_coef", "grad_clip")}}, role=SETTINGS_ROLE)
 
 
 def read_batch(folder: str | Path) -> tuple[dict, dict]:
@@ -257,5 +259,5 @@ def read_update(path: str | Path) -> dict:
 def save_update(out: dict, path: str | Path) -> None:
     import torch
 
-    with atomic_path(path) as tmp:
+    with atomic_path(path, role=UPDATE_ROLE) as tmp:
         torch.save(out, tmp)

@@ -22,6 +22,9 @@ from harness.regression.statistics import (
 )
 from harness.results import layout
 
+# What write_alerts writes (harness.io.WRITTEN): alerts.json, alerts.md, and the night's record beside the history.
+ALERTS_ROLE, ALERTS_PAGE_ROLE, CHECK_RECORD_ROLE = "alerts record", "alerts page", "check record"
+
 
 def _fmt(value: float | None, unit: str | None = None) -> str:
     if value is None:
@@ -132,8 +135,8 @@ def write_alerts(result: dict, results_dir: str | Path) -> None:
     """alerts.json and alerts.md in the results directory, and the night's verdict beside the history (a check of
     the same night again replaces its record)."""
     results_dir = Path(results_dir)
-    write_json(layout.path(results_dir, layout.ALERTS_JSON), result)
-    write_text(layout.path(results_dir, layout.ALERTS), render_markdown(result))
+    write_json(layout.path(results_dir, layout.ALERTS_JSON), result, role=ALERTS_ROLE)
+    write_text(layout.path(results_dir, layout.ALERTS), render_markdown(result), role=ALERTS_PAGE_ROLE)
     write_json(layout.path(results_dir, layout.CHECK_RECORD, pipeline_run=result["pipeline_run"]),
-               check_record(result))
+               check_record(result), role=CHECK_RECORD_ROLE)
 

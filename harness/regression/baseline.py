@@ -12,13 +12,15 @@ from harness.frameworks import known_frameworks
 from harness.io import read_json_object
 from harness.regression.history import SCHEMA_VERSION, read_history
 from harness.regression.statistics import MIN_BASELINE_RUNS, REWARD_TARGET_FRACTION, training_time_to
-from harness.results.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null
+from harness.results.records import COMMIT, INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null
 
+BASELINE_ROLE = "baseline"  # what build_baseline's record is, once written (harness.io.WRITTEN)
 # What `check` reads of a baseline (build_baseline writes it).
 BASELINE = {"schema": INTEGER, "profile": TEXT, "hardware": TEXT, "frameworks": OBJECT, "frameworks.*": OBJECT,
             "frameworks.*.framework_version": TEXT, "frameworks.*.config_hash": TEXT,
             "frameworks.*.reward_target": or_null(NUMBER), "frameworks.*.provenance": OBJECT,
             **{f"frameworks.*.provenance.{k}": OBJECT for k in ("config", "git", "versions", "hardware", "inputs")},
+            "frameworks.*.provenance.git.commit": or_null(COMMIT),
             "frameworks.*.runs": LIST, "frameworks.*.runs.*": OBJECT, "frameworks.*.runs.*.pipeline_run": TEXT,
             "frameworks.*.runs.*.pipeline_time": TEXT, "frameworks.*.runs.*.seed": INTEGER,
             "frameworks.*.runs.*.metrics": OBJECT, "frameworks.*.runs.*.metrics.*": or_null(NUMBER)}

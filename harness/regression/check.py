@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -285,10 +286,12 @@ def confirm_commands(alerts: list[dict], commits: dict[str, tuple[str | None, st
         base, now = commits.get(fw, (None, None))
         if not (base and now):
             continue
-        config = layout.path(results_dir, layout.CONFIG)
-        out += [f"remax-bench ab --framework {fw} --a {base} --b {now} --config {config} --out {results_dir}/ab"]
+        config = str(layout.path(results_dir, layout.CONFIG))
+        # Quoted: a person or a CI job pastes these into a shell, and the folder and framework came from files.
+        out += [shlex.join(["remax-bench", "ab", "--framework", fw, "--a", base, "--b", now, "--config", config,
+                            "--out", f"{results_dir}/ab"])]
         if base != now:
-            out += [f"remax-bench bisect {base} {now} --framework {fw} --config {config} --confirmed-by "
-                    f"{results_dir}/ab --out {results_dir}/bisect"]
+            out += [shlex.join(["remax-bench", "bisect", base, now, "--framework", fw, "--config", config,
+                                "--confirmed-by", f"{results_dir}/ab", "--out", f"{results_dir}/bisect"])]
     return out
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from harness.io import write_text
 
+# What write_ci_outputs writes (harness.io.WRITTEN).
+SUMMARY_ROLE, JUNIT_ROLE = "CI summary", "JUnit report"
 HEADS = {"regression": ":x: **Regression**: throughput or transition time regressed",
          "ok": ":white_check_mark: **OK**: no regression",
          "contended": ":warning: **Not judged**: the machine was disturbed; rerun on a quiet machine",
@@ -110,9 +112,15 @@ def write_ci_outputs(result: dict, summary_md: str | Path | None, junit: str | P
     """The files asked for, and the summary appended to $GITHUB_STEP_SUMMARY where the job runs on GitHub."""
     markdown = summary_markdown(result, alerts_path)
     if summary_md:
-        write_text(summary_md, markdown)
+        write_text(summary_md, markdown, role=SUMMARY_ROLE)
     if junit:
-        write_text(junit, junit_xml(result))
+        write_text(junit, junit_xml(result), role=JUNIT_ROLE)
+    append_step_summary(markdown)
+
+
+def append_step_summary(markdown: str) -> None:
+    """`markdown` appended to the job's summary where the job runs on GitHub ($GITHUB_STEP_SUMMARY, a file the
+    runner shows on the run's page)."""
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as f:

@@ -26,10 +26,12 @@ from harness import HarnessError
 from harness.io import atomic_path, strict_json, text_lines
 from harness.results import layout
 from harness.results.metrics import read_metrics
-from harness.results.records import INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
+from harness.results.records import COMMIT, INTEGER, LIST, NUMBER, OBJECT, TEXT, check_shape, or_null, read_manifest
 from harness.results.summarize import read_summary, reward_curve
 
 SCHEMA_VERSION = 1
+# What append writes (harness.io.WRITTEN): a pipeline run's rows, and the receipt `history append --receipt` writes.
+HISTORY_ROLE, RECEIPT_ROLE = "history file", "history receipt"
 # The columns of summary.csv that are measurements (the rest are identity or counts).
 HISTORY_METRICS = ("throughput_tok_s", "throughput_tok_s_per_gpu", "throughput_tok_cpu_s", "time_probe_s_median",
            "cpu_contention",
@@ -44,7 +46,8 @@ ROW = {"schema": INTEGER, "pipeline_run": TEXT, "pipeline_time": TEXT, "profile"
        "created": TEXT, "metrics": OBJECT, "metrics.*": or_null(NUMBER),
        "curve": OBJECT, "curve.step": LIST, "curve.step.*": INTEGER, "curve.elapsed_s": LIST,
        "curve.elapsed_s.*": NUMBER, "curve.reward": LIST, "curve.reward.*": or_null(NUMBER),
-       "provenance": OBJECT, "provenance.config": OBJECT, "provenance.git": OBJECT, "provenance.versions": OBJECT,
+       "provenance": OBJECT, "provenance.config": OBJECT, "provenance.git": OBJECT,
+       "provenance.git.commit": or_null(COMMIT), "provenance.versions": OBJECT,
        "provenance.hardware": OBJECT, "provenance.inputs": OBJECT}
 REQUIRED = ("schema", "pipeline_run", "pipeline_time", "profile", "hardware", "framework", "framework_version",
             "config_hash", "run_id", "seed", "metrics", "curve", "curve.step", "curve.elapsed_s", "curve.reward",
@@ -139,7 +142,7 @@ def append(results_dir: str | Path, history_dir: str | Path | None = None) -> tu
     appended = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     text = "".join(json.dumps({**r, "appended": appended}, sort_keys=True, allow_nan=False) + "\n" for r in rows)
     dest = history_dir / _file_name(rows)
-    with atomic_path(dest) as tmp, open(tmp, "w") as f:
+    with atomic_path(dest, role=HISTORY_ROLE) as tmp, open(tmp, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

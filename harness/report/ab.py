@@ -18,12 +18,13 @@ import seaborn as sns
 from harness.io import write_text
 
 PAGE = "index.md"
+PAGE_ROLE = "A/B page"  # what PAGE is (harness.io.WRITTEN)
 FIGURE = "ab.png"
 
 
 def write_page(record: dict, out: Path) -> None:
     """The page and its figure, into the A/B's directory."""
-    write_text(out / PAGE, page(record))
+    write_text(out / PAGE, page(record), role=PAGE_ROLE)
     _figure(record, out)
 
 

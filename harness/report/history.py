@@ -33,6 +33,7 @@ from harness.report.page import environment
 from harness.report.tables import fmt
 from harness.results import layout
 
+PAGE_ROLE = "history page"  # what write_history_page writes (harness.io.WRITTEN)
 # (title, history metric, digits, the check's metrics whose verdicts are marked on this chart)
 CHARTS = (
     ("tokens/s", "throughput_tok_s", 0, (ADJUSTED, "throughput_tok_s", "throughput_tok_cpu_s", PROBE)),
@@ -245,5 +246,5 @@ def write_history_page(results: str | Path, out_dir: str | Path, baseline_path: 
     from harness.io import write_text
 
     out = Path(out_dir) / "history.html"
-    write_text(out, history_html(results, out_dir, baseline_path))
+    write_text(out, history_html(results, out_dir, baseline_path), role=PAGE_ROLE)
     return out

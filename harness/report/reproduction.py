@@ -26,6 +26,7 @@ from harness.results.summarize import reward_curve
 from harness.runs.train import METRICS
 
 PAGE = "index.html"
+PAGE_ROLE = "reproduction page"  # what PAGE is (harness.io.WRITTEN)
 
 
 def _value(figure: str, value: float | None) -> str:
@@ -137,4 +138,4 @@ def write_page(record: dict, out: Path) -> None:
         failed=[f"{r['framework']} seed {r['seed']}: {r['error']}" for r in record["runs"] if r["error"]],
         world=record["world"], tokens=token_rows(record), probe=probe_text(record.get("probe_s", {})),
         curves=base64.b64encode(png).decode() if png else "")
-    write_text(out / PAGE, page)
+    write_text(out / PAGE, page, role=PAGE_ROLE)

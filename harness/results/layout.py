@@ -40,6 +40,10 @@ ALERTS_JSON = "alerts.json"
 ALERTS_SUMMARY = "alerts-summary.md"  # the verdict for a CI job summary or a pull-request comment (regression/ci.py)
 ALERTS_JUNIT = "alerts-junit.xml"  # the verdict as JUnit XML: a test case per framework and metric
 BISECT = "bisect"  # `remax-bench bisect --out results/bisect`: bisect.json, each round's A/B under rounds/
+# `snakemake nightly`: tonight's commit against the baseline's (harness.comparison.nightly): nightly.json, summary.md,
+# junit.xml, the A/B (ab/) and, where it confirmed a slowdown, the bisection (bisect/)
+NIGHTLY = "nightly"
+NIGHTLY_RECORD = "history/nightly/{name}.json"  # each night's record, beside the pipeline runs' history
 
 # Logs: one per job, under logs/<stage>/.
 RUN_LOG = "logs/run/{framework}_seed{seed}.log"

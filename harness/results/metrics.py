@@ -89,7 +89,19 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     """Per-step records -> the common schema, with derived throughput; raise naming `source` if anything is off."""
     if not rows:
         raise HarnessError(f"{source}: no step records found")
-    df = pd.DataFrame(rows)
+    return checked_steps(pd.DataFrame(rows), source)
+
+
+def _shown(value: object) -> str:
+    return repr(value.item() if hasattr(value, "item") else value)  # 0.5, not np.float64(0.5)
+
+
+def checked_steps(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """`df` (one row per step) in the common schema, with derived throughput; HarnessError naming `source`, the step
+    and the column of the first value the schema refuses. The schema's one rule: a framework's log at ingest
+    (to_frame) and a metrics file at every stage after it (read_metrics) pass the same checks, so a parquet edited by
+    hand or written by another tool is refused where ingest would have refused its log."""
+    df = df.reset_index(drop=True)
     missing = [c for c in {**IDENTITY, **MEASURED} if c not in df.columns]
     if missing:
         raise HarnessError(f"{source}: step records lack {', '.join(missing)}")
@@ -98,24 +110,36 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
                          and float(v).is_integer() and 0 <= float(v) < MAX_COUNT)
         if not fits.all():
             row = int((~fits).to_numpy().argmax())
-            shown = [v.item() if hasattr(v, "item") else v for v in (df.at[row, "step"], df.at[row, c])]
-            raise HarnessError(f"{source}: record {row + 1} (step {shown[0]!r}): {c} is {shown[1]!r}, not a whole "
-                               f"number from 0 to 2**53")
+            raise HarnessError(f"{source}: record {row + 1} (step {_shown(df.at[row, 'step'])}): {c} is "
+                               f"{_shown(df.at[row, c])}, not a whole number from 0 to 2**53")
+        df[c] = df[c].astype("int64")
+    # Every later stage names a run by these (the summary's rows, the report's runs, the history's series).
+    for c in (c for c, kind in IDENTITY.items() if kind == "string"):
+        named = df[c].map(lambda v: isinstance(v, str))
+        if not named.all():
+            row = int((~named).to_numpy().argmax())
+            value = df.at[row, c]
+            shown = "null" if pd.api.types.is_scalar(value) and pd.isna(value) else _shown(value)
+            raise HarnessError(f"{source}: step {df.at[row, 'step']}: {c} is {shown}, not text")
     step_time = pd.to_numeric(df["time_step_s"], errors="coerce").astype("float64")
-    if (step_time <= 0).any() or step_time.isna().any():
-        bad = int(df.loc[(step_time <= 0) | step_time.isna(), "step"].iloc[0])
-        raise HarnessError(f"{source}: step {bad}: time_step_s must be a positive number")
+    if not (step_time > 0).all():  # NaN compares false: refused with the rest
+        row = int((~(step_time > 0)).to_numpy().argmax())
+        raise HarnessError(f"{source}: step {df.at[row, 'step']}: time_step_s is {_shown(df.at[row, 'time_step_s'])}, "
+                           "not a positive number")
     for c in OPTIONAL:
-        df[c] = df[c].astype("float64") if c in df.columns else float("nan")
+        df[c] = df[c] if c in df.columns else float("nan")
     # A framework's log may say NaN or Infinity (a diverged loss, a broken timer): bad input, not a figure to average.
+    # Text where a number belongs is refused too: the column's type would otherwise fail later, naming nothing.
     numeric = [c for c in (*MEASURED, *OPTIONAL) if c != "step"]
     values = df[numeric].apply(pd.to_numeric, errors="coerce").astype("float64")
-    bad = values.isin([float("inf"), float("-inf")]) | values[REQUIRED_FINITE].isna().reindex(columns=numeric,
-                                                                                             fill_value=False)
+    bad = (values.isin([float("inf"), float("-inf")]) | (df[numeric].notna() & values.isna())
+           | values[REQUIRED_FINITE].isna().reindex(columns=numeric, fill_value=False))
     if bad.any().any():
         row, col = next((r, c) for r in bad.index for c in numeric if bad.at[r, c])
-        raise HarnessError(f"{source}: step {df.at[row, 'step']}: {col} is {df.at[row, col]!r}, not a finite number")
-    tokens = df["tokens_prompt"].astype("float64") + df["tokens_response"].astype("float64")
+        raise HarnessError(f"{source}: step {df.at[row, 'step']}: {col} is {_shown(df.at[row, col])}, not a finite "
+                           "number")
+    df[numeric] = values
+    tokens = df["tokens_prompt"] + df["tokens_response"]
     df["throughput_tok_s"] = tokens / step_time
     df["throughput_tok_cpu_s"] = tokens / df["time_step_cpu_s"].where(df["time_step_cpu_s"] > 0)
     # A CPU run (0 accelerators) has no per-GPU figure.
@@ -126,8 +150,11 @@ def to_frame(rows: list[dict], source: str) -> pd.DataFrame:
     return df.sort_values("step", ignore_index=True)
 
 
+METRICS_ROLE = "metrics file"  # what write_metrics writes (harness.io.WRITTEN)
+
+
 def write_metrics(df: pd.DataFrame, dest: str | Path) -> None:
-    with atomic_path(dest) as tmp:
+    with atomic_path(dest, role=METRICS_ROLE) as tmp:
         df.to_parquet(tmp, index=False)
 
 
@@ -143,11 +170,13 @@ def read_metrics(path: str | Path) -> pd.DataFrame:
         raise HarnessError(f"{path}: not in the common schema (missing {', '.join(missing)})")
     if df.empty:  # every stage after ingest computes on a run's steps
         raise HarnessError(f"{path}: no steps (an empty metrics file)")
-    # Written before the optional columns existed: they were not measured.
-    if any(c not in df.columns for c in SCHEMA):
-        return to_frame(df.to_dict("records"), str(path))
-    wrong = [c for c, kind in SCHEMA.items() if kind in ("int64", "float64") and str(df[c].dtype) != kind]
+    # A file written before the optional columns existed lacks them (they were not measured); one that has them all
+    # holds each in the type ingest writes.
+    wrong = [c for c, kind in SCHEMA.items() if kind in ("int64", "float64") and str(df[c].dtype) != kind] \
+        if all(c in df.columns for c in SCHEMA) else []
     if wrong:
         raise HarnessError(f"{path}: column {wrong[0]} holds {df[wrong[0]].dtype} values, not {SCHEMA[wrong[0]]} "
                            "(not a metrics file written by `remax-bench ingest`)")
-    return df
+    # Through ingest's own checks: a parquet edited by hand or written by another tool (a negative or NaN step time,
+    # an infinite reward) would otherwise reach every figure of the summary, the report and the regression check.
+    return checked_steps(df, str(path))

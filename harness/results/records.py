@@ -10,6 +10,7 @@ field the record lacks is refused only where the reader requires it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,6 +38,12 @@ INTEGER: Kind = ("an integer", _integer)
 NUMBER: Kind = ("a finite number", _number)
 
 
+# A commit as `git rev-parse HEAD` prints it (SHA-1, or the SHA-256 object format): a record's commit is later given
+# to git (reproduce's diff, an A/B's arm), where anything else could be read as an option, a range or a path.
+COMMIT_ID = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+COMMIT: Kind = ("a full hex commit id", lambda v: isinstance(v, str) and COMMIT_ID.fullmatch(v) is not None)
+
+
 def or_null(kind: Kind) -> Kind:
     return f"{kind[0]} or null", lambda v: v is None or kind[1](v)
 
@@ -48,7 +55,7 @@ MANIFEST: dict[str, Kind] = {
     "versions": OBJECT, "versions.*": or_null(TEXT),
     "hardware": OBJECT, "hardware.cpu": or_null(TEXT), "hardware.cpu_count": or_null(INTEGER),
     "hardware.machine": or_null(TEXT), "hardware.gpus": LIST, "hardware.gpus.*": TEXT,
-    "git": OBJECT, "git.commit": or_null(TEXT),
+    "git": OBJECT, "git.commit": or_null(COMMIT),
     "environment": or_null(OBJECT), "environment.name": or_null(TEXT), "environment.packages": or_null(LIST),
     "environment.packages.*": TEXT,
 }

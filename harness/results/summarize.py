@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from harness import HarnessError
-from harness.io import read_json_object
+from harness.io import read_capped, read_json_object
 from harness.results.efficiency import ModelShape, model_shape, run_peak, step_flops
 from harness.results.metrics import read_metrics
 
@@ -28,6 +28,9 @@ SUMMARY_MISMATCH = ("rollout_logprob_abs_diff_mean", "rollout_token_mult_prob_er
 # The share of a run's steps that stands for its start and its end: the first and final reward (summary, report,
 # the learning targets of the benchmarks), and the trailing mean that smooths a reward curve (report, history).
 EDGE_FRACTION = 0.1
+# What summary.csv and a run's eval.json are (harness.io.WRITTEN): `summarize` writes the one, a run the other.
+SUMMARY_ROLE = "summary"
+EVAL_ROLE = "eval record"
 
 
 def edge_window(n_steps: int) -> int:
@@ -174,15 +177,24 @@ def _each_readable(paths: list[Path], read: Callable[[Path], dict], partial: boo
     return out
 
 
+# The per-step time each figure of summarize_run divides by: a figure that comes out infinite is named by the step
+# and the column where the damage is, not by the summary's column that shows it.
+DIVIDES_BY = {"cpu_contention": "time_step_cpu_s", "mfu_gen": "time_gen_s", "mfu_train": "time_train_s",
+              "mfu_step": "time_step_s"}
+
+
 def _summary_row(path: Path, warmup_steps: int, efficiency: Callable[[pd.DataFrame], dict] | None) -> dict:
     """summarize_run of one metrics file. A figure that came out infinite (a CPU time or phase time of 0 divides by
-    it) is refused, naming the run and the column: in summary.csv it would pass for a measurement and stop the
-    report and the check downstream. NaN stays: it is a figure the run did not measure."""
+    it) is refused, naming the run, the figure, and the step and the time of 0: in summary.csv it would pass for a
+    measurement and stop the report and the check downstream. NaN stays: it is a figure the run did not measure."""
     df = read_metrics(path)
     row = summarize_run(df, warmup_steps, efficiency(df) if efficiency else None)
     infinite = [k for k, v in row.items() if isinstance(v, float) and math.isinf(v)]
     if infinite:
-        raise HarnessError(f"{path}: run {row['run_id']}: {infinite[0]} is {row[infinite[0]]}, not a finite number")
+        figure, cause = infinite[0], DIVIDES_BY.get(infinite[0], "")
+        zero = df.loc[(df["step"] > warmup_steps) & (df[cause] == 0), "step"] if cause else df["step"].iloc[:0]
+        where = f": {cause} is 0.0 at step {int(zero.iloc[0])}" if not zero.empty else ""
+        raise HarnessError(f"{path}: run {row['run_id']}: {figure} is {row[figure]}, not a finite number{where}")
     return row
 
 
@@ -216,10 +228,16 @@ def summarize(metric_files: list[Path], eval_files: list[Path], warmup_steps: in
 # The columns of summary.csv that are text, and those that count (summarize_run's row); every other one is a figure.
 SUMMARY_TEXT = ("framework", "framework_version", "run_id", "peak_source")
 SUMMARY_COUNTS = ("seed", "n_gpus", "steps", "measured_steps")
+# summary.csv has one row per run (a framework and a seed): tens in a pipeline run, thousands in the largest sweep, a
+# row a few hundred bytes. A file past these bounds is not a summary summarize wrote (a table appended to itself,
+# another tool's export): refused naming it before it is parsed. A 1,000,000-row one (350 MB) took 24-34 s and 2.3 GB
+# of memory in each stage that read it (report, bundle, history append) before any of them said a word about it.
+MAX_SUMMARY_ROWS = 10_000
+MAX_SUMMARY_BYTES = 16 << 20
 
 
 def _text(path: Path) -> str:
-    data = path.read_bytes()
+    data = read_capped(path, "summary table", "", MAX_SUMMARY_BYTES)
     try:
         return data.decode()
     except UnicodeDecodeError as e:
@@ -237,7 +255,8 @@ def _checked_columns(summary: pd.DataFrame, path: Path) -> pd.DataFrame:
             shown = repr(value) if isinstance(value, str) else value
             raise HarnessError(f"{path}:{i + 2}: {column} is {shown}, not {expected}")
 
-    for column in ("run_id", "framework"):
+    # framework_version too: the report groups runs by it, and a run without one would vanish from its tables
+    for column in (c for c in ("run_id", "framework", "framework_version") if c in summary):
         refuse(summary[column].isna(), column, "a name")
     for column in (c for c in summary.columns if c not in SUMMARY_TEXT):
         raw = summary[column]
@@ -255,12 +274,15 @@ def read_summary(path: Path) -> pd.DataFrame:
     not summarize again."""
     try:
         text = _text(path)
+        widths = [len(row) for row in csv.reader(io.StringIO(text, newline=""))]
+        if len(widths) > MAX_SUMMARY_ROWS + 1:
+            raise HarnessError(f"{path}: {len(widths) - 1} rows, more than the {MAX_SUMMARY_ROWS} runs a summary "
+                               "holds; not a summary table summarize wrote")
         summary = pd.read_csv(io.StringIO(text), dtype=dict.fromkeys(SUMMARY_TEXT, str))
-        # pandas fills a row cut short (a truncated file) with NaN: count fields
-        short = next((i for i, row in enumerate(csv.reader(io.StringIO(text, newline="")), 1)
-                      if len(row) != len(summary.columns)), None)
     except (OSError, ValueError, csv.Error) as e:  # pandas' ParserError and EmptyDataError are ValueErrors
         raise HarnessError(f"{path}: not a summary table ({e})") from None
+    # pandas fills a row cut short (a truncated file) with NaN: count fields
+    short = next((i for i, width in enumerate(widths, 1) if width != len(summary.columns)), None)
     if short is not None:
         raise HarnessError(f"{path}:{short}: not {len(summary.columns)} fields as the header (a truncated file?)")
     missing = [c for c in ("run_id", "framework", "seed", "reward_last10", "throughput_tok_s") if c not in summary]

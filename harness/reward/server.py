@@ -7,7 +7,8 @@ own `serve_rm` also answers per-query lists in extra_logs). The response is the 
 query that does not begin with its prompt is refused rather than scored wrongly. `exact_match` is the task's truth
 (harness.reward.correct) whatever the reward's kind, so a reward model's score can be read against true accuracy.
 GET /health answers which reward is served (kind, what, sha256) and what was served so far (requests, texts,
-score calls, failed calls, requests refused as overloaded, requests waiting now). Bad requests get a 4xx with a JSON
+score calls, failed calls, requests refused as overloaded, over the body budget, connections refused; requests
+waiting, connections open and body bytes held now). Bad requests get a 4xx with a JSON
 `{"error": ...}` naming what is wrong, and the server keeps serving: a request line or header the HTTP parser refuses
 (400, 414, 431, 501 or 505), a body that is not JSON, nested past the parser's limit, or holding a number Python
 cannot convert (an integer of more than 4300 digits; 400), and a text holding a lone surrogate (400: no tokenizer
@@ -35,11 +36,25 @@ Retry-After); after the 5th failure its caller logs "Failed to fetch reward from
 without a reward. This project's ReMax agent (harness/frameworks/openrlhf/inside/remax/remax_agent.py) also tries 5
 times 1 s apart on a 5xx, fails at once on a 4xx, and fails the rollout after the 5th try. So a 503 costs a client
 about a second, and `max_pending` must exceed the requests one rollout step sends at once (the default does).
+
+Memory: two caps bound it in total, whatever the clients do. Request bodies held at once, across all connections,
+are at most `max_buffered_bytes` (DEFAULT_MAX_BUFFERED, 256 MiB): a request reserves its Content-Length before its
+body is read and releases it once answered (or dropped); one that would pass the cap is answered at once with 503
+`{"error": "overloaded: ..."}` and `Retry-After: 1`, its body unread and its connection closed. A body's decoded
+text is held beside it while it is scored, so the bodies take a small multiple of the cap at most. Open connections
+are at most `max_connections` (DEFAULT_MAX_CONNECTIONS, 8,192), each a thread; one more is answered the same 503 by
+the accepting thread itself (no thread started, nothing waited for) and closed. `max_body` (8 MiB) still caps one
+request (413) and must fit the budget. Real use sits far inside both: a 1,024-prompt rollout step sends ~2,000
+one-sample requests of a few to ~20 KB each, ~2,000 connections and ~40 MB at once; a queue full at the default
+`max_pending` (4,096) of 64 KB requests still fits the budget. docs/frameworks.md has the measured figures.
+
+Disconnects: a client that goes away (a reset or a close during its request, while its answer is written, or a reset
+while idle) is one line in the log, naming it and when; a close between requests is how a keep-alive connection
+ends, and no line.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import json
@@ -48,7 +63,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 from http import HTTPStatus
@@ -56,6 +70,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from harness import HarnessError, reward
+from harness.reward.batching import RETRY_AFTER_S, Batcher, RequestError
+from harness.reward.limits import ByteBudget, check_limits
 from harness.reward.shared import SharedReward
 
 if TYPE_CHECKING:
@@ -69,20 +85,16 @@ DEFAULT_MAX_BODY = 8 << 20  # a 1024-prompt batch of 2k-token texts is ~10 MB at
 # One request per sample: a 1024-prompt rollout step of a sample and a greedy baseline each is ~2,000 at once.
 DEFAULT_MAX_PENDING = 4096
 DEFAULT_MAX_BATCH = 64  # texts per score call; the config's reward.batch_size default
-RETRY_AFTER_S = 1  # OpenRLHF's clients wait 1 s between tries whatever it says
+# Bodies held at once: a rollout step's ~2,000 one-sample requests take ~40 MB; a full queue of 64 KB requests fits.
+DEFAULT_MAX_BUFFERED = 256 << 20
+# A thread each: twice DEFAULT_MAX_PENDING, as every waiting request holds a connection while others are read;
+# ~27 KiB each measured, ~220 MiB at the cap.
+DEFAULT_MAX_CONNECTIONS = 8192
 # A whole request, from its first byte: a client sends even a 10 MB body within a second or two, so a request still
 # arriving after a minute comes from a stalled or hostile client, which holds a thread meanwhile.
 REQUEST_TIMEOUT_S = 60.0
 IDLE_TIMEOUT_S = 60  # a keep-alive connection between requests, and one write of an answer
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class RequestError(Exception):
-    """A request answered with `status` and `{"error": message}` (4xx: the request; 5xx: the server)."""
-
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def parse_request(payload: object) -> tuple[list[str], list[str], list[str]]:
@@ -114,114 +126,6 @@ def parse_request(payload: object) -> tuple[list[str], list[str], list[str]]:
                                "the response is the query after its prompt")
         responses.append(query[len(prompt):])
     return payload["prompts"], responses, payload["labels"]
-
-
-class _Job:
-    __slots__ = ("done", "error", "labels", "prompts", "responses", "rewards")
-
-    def __init__(self, prompts: list[str], responses: list[str], labels: list[str]) -> None:
-        self.prompts, self.responses, self.labels = prompts, responses, labels
-        self.done = threading.Event()
-        self.rewards: list[float] | None = None
-        self.error: RequestError | None = None
-
-    def finish(self, rewards: list[float] | None = None, error: RequestError | None = None) -> None:
-        self.rewards, self.error = rewards, error
-        self.done.set()
-
-
-class Batcher:
-    """Continuous batching in front of one `SharedReward`: a bounded queue of requests and one scoring thread."""
-
-    def __init__(self, shared_reward: SharedReward, max_pending: int, max_batch: int) -> None:
-        for name, value in (("max_pending (--max-pending)", max_pending), ("max_batch (--batch-size)", max_batch)):
-            if value < 1:
-                raise HarnessError(f"reward server: {name} must be at least 1, got {value}")
-        self.shared_reward, self.max_pending, self.max_batch = shared_reward, max_pending, max_batch
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        # What was served, for /health: shows how many requests each score call took on average.
-        self._served = {"requests": 0, "texts": 0, "score_calls": 0, "failed_calls": 0, "overloaded": 0}
-        self._thread = threading.Thread(target=self._run, name="reward-scorer", daemon=True)
-        self._thread.start()
-
-    def score(self, prompts: list[str], responses: list[str], labels: list[str]) -> list[float]:
-        """The rewards of one request, scored in whatever batch it joins; RequestError 503 when the queue is full
-        (at once, without waiting), 500 when scoring its batch failed."""
-        job = _Job(prompts, responses, labels)
-        with self._cond:
-            if self._closed:
-                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the reward server is shutting down")
-            if len(self._queue) >= self.max_pending:
-                self._served["overloaded"] += 1
-                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE,
-                                   f"overloaded: {len(self._queue)} requests already wait to be scored (the limit, "
-                                   f"--max-pending {self.max_pending}); retry in {RETRY_AFTER_S} s")
-            self._queue.append(job)
-            self._cond.notify()
-        job.done.wait()
-        if job.error is not None:
-            raise job.error
-        assert job.rewards is not None  # finish() sets one of the two
-        return job.rewards
-
-    def stats(self) -> dict:
-        with self._cond:
-            return {**self._served, "waiting": len(self._queue)}
-
-    def close(self) -> None:
-        """Stop after the batch being scored; requests still queued are answered 503."""
-        with self._cond:
-            self._closed = True
-            left = list(self._queue)
-            self._queue.clear()
-            self._cond.notify()
-        for job in left:
-            job.finish(error=RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the reward server is shutting down"))
-        self._thread.join(timeout=60)
-
-    def _take(self) -> list[_Job] | None:
-        with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                return None
-            batch = [self._queue.popleft()]
-            n = len(batch[0].prompts)
-            while self._queue and n + len(self._queue[0].prompts) <= self.max_batch:
-                job = self._queue.popleft()
-                batch.append(job)
-                n += len(job.prompts)
-            self._served["requests"] += len(batch)
-            self._served["texts"] += n
-            self._served["score_calls"] += n > 0
-            return batch
-
-    def _run(self) -> None:
-        while (batch := self._take()) is not None:
-            prompts = [p for job in batch for p in job.prompts]
-            responses = [r for job in batch for r in job.responses]
-            labels = [a for job in batch for a in job.labels]
-            try:
-                rewards = [float(x) for x in self.shared_reward.score(prompts, responses, labels)] if prompts else []
-                if len(rewards) != len(prompts):
-                    raise ValueError(f"the shared reward returned {len(rewards)} scores for {len(prompts)} texts")
-            except Exception as e:
-                sys.stderr.write(f"reward server: scoring a batch of {len(prompts)} texts failed:\n"
-                                 + traceback.format_exc())
-                with self._cond:
-                    self._served["failed_calls"] += 1
-                error = RequestError(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                     f"scoring failed ({self.shared_reward.identity['reward']}): "
-                                     f"{type(e).__name__}: {e}")
-                for job in batch:
-                    job.finish(error=error)
-                continue
-            start = 0
-            for job in batch:
-                job.finish(rewards[start:start + len(job.prompts)])
-                start += len(job.prompts)
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -266,9 +170,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile.close()  # the stdlib's reader, replaced by one that bounds each request as a whole
         self._reader = _DeadlineReader(self.connection)
         self._incoming = self.rfile = io.BufferedReader(self._reader)
+        self._phase = "while idle"  # where a disconnect finds the connection, for its log line
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except ConnectionError as e:  # the client's doing, not a fault here: one line, not socketserver's traceback
+            self.close_connection = True
+            host, port = self.client_address[:2]
+            self.log_error("the client at %s:%s disconnected %s (%s: %s)", host, port, self._phase,
+                           type(e).__name__, e)
 
     def handle_one_request(self) -> None:
         self._reader.deadline, self._reader.expired = None, False
+        self._phase = "while idle"
         try:
             waiting = self._incoming.peek(1)
         except TimeoutError:  # idle: no request is pending (see the module docstring)
@@ -277,6 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._reader.deadline = time.monotonic() + self.server.request_timeout_s
+        self._phase = "during its request"
         # The stdlib reads the line before it sets these; a request that times out in its line is still answered.
         self.requestline, self.request_version, self.command = "", self.protocol_version, ""
         # The stdlib drops a connection whose read times out, unanswered.
@@ -302,6 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: HTTPStatus, obj: dict) -> None:
         body = json.dumps(obj).encode()
         self.connection.settimeout(self.timeout)  # reads leave it at what was left of the request's deadline
+        self._phase = "while its answer was written"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -318,13 +235,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path != HEALTH_PATH:
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path!r} (GET {HEALTH_PATH})")
-        self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity, "served": self.server.batcher.stats()})
+        self._send(HTTPStatus.OK, {"status": "ok", **self.server.identity, "served": self.server.stats()})
 
     def do_POST(self) -> None:
         try:
             self._post()
-        except TimeoutError:
-            raise  # the body came too slowly (answered 408 by handle_one_request) or the client does not read
+        except (TimeoutError, ConnectionError):
+            # The body came too slowly (answered 408 by handle_one_request), the client does not read, or it is gone
+            # (logged by handle): an answer here would fail again.
+            raise
         except Exception as e:  # never drop a connection without an answer; the batch's own errors are answered 500
             self.close_connection = True
             self.log_error("%s %s: %s: %s", self.command, self.path, type(e).__name__, e)
@@ -348,7 +267,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"body of {length} bytes exceeds the limit of {self.server.max_body} bytes")
+        try:
+            self.server.budget.reserve(length)  # before a byte of the body is read: the read allocates it whole
+        except RequestError as e:
+            self.close_connection = True  # the body is left unread
+            return self._error(e.status, str(e))
+        try:
+            self._score(length)
+        finally:
+            self.server.budget.release(length)
+
+    def _score(self, length: int) -> None:
         raw = self.rfile.read(length)
+        if len(raw) < length:  # the client closed its side mid-body: there is no one to answer
+            raise ConnectionError(f"it closed after {len(raw)} of {length} body bytes")
         try:
             payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -378,7 +310,9 @@ class RewardServer(ThreadingHTTPServer):
 
     def __init__(self, host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
                  max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_buffered_bytes: int = DEFAULT_MAX_BUFFERED,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        check_limits(max_body, max_buffered_bytes, max_connections)
         self.batcher = Batcher(shared_reward, max_pending, max_batch)
         try:
             super().__init__((host, port), _Handler)
@@ -386,7 +320,56 @@ class RewardServer(ThreadingHTTPServer):
             self.batcher.close()
             raise
         self.max_body, self.request_timeout_s = max_body, request_timeout_s
+        self.budget, self.max_connections = ByteBudget(max_buffered_bytes), max_connections
+        self._connections, self._connections_refused = 0, 0
+        self._lock = threading.Lock()
         self.identity = shared_reward.identity
+
+    def stats(self) -> dict:
+        with self._lock:
+            connections, refused = self._connections, self._connections_refused
+        return {**self.batcher.stats(), "over_budget": self.budget.refused, "connections_refused": refused,
+                "connections": connections, "buffered_bytes": self.budget.held}
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            full = self._connections >= self.max_connections
+            self._connections += not full
+        if full:
+            return self._refuse_connection(request, f"{self.max_connections} connections are open "
+                                                    f"(--max-connections {self.max_connections})")
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError as e:  # no thread to be had (a limit of the process or the user's): the cap, met early
+            self._closed_one()
+            self._refuse_connection(request, f"no thread for one more connection ({e})")
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed_one()
+
+    def _closed_one(self) -> None:
+        with self._lock:
+            self._connections -= 1
+
+    def _refuse_connection(self, sock: socket.socket, why: str) -> None:
+        """503 and close, from the accepting thread without waiting: a client that reads or sends nothing holds
+        nothing here, and no thread is started for it."""
+        with self._lock:
+            self._connections_refused += 1
+        body = json.dumps({"error": f"overloaded: {why}; retry in {RETRY_AFTER_S} s"}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+                f"\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n").encode()
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(head + body)  # a new connection's empty send buffer takes it whole
+            # Read what the client sent already, so that the close is a FIN: an RST can discard the answer unread.
+            for _ in range(16):
+                if not sock.recv(1 << 16):
+                    break
+        self.shutdown_request(sock)
 
     def server_close(self) -> None:
         super().server_close()
@@ -399,16 +382,19 @@ class RewardServer(ThreadingHTTPServer):
 
 
 def serve(host: str, port: int, shared_reward: SharedReward, *, max_body: int = DEFAULT_MAX_BODY,
-          max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+          max_pending: int = DEFAULT_MAX_PENDING, max_batch: int = DEFAULT_MAX_BATCH,
+          max_buffered_bytes: int = DEFAULT_MAX_BUFFERED, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     try:
         server = RewardServer(host, port, shared_reward, max_body=max_body, max_pending=max_pending,
-                              max_batch=max_batch)
+                              max_batch=max_batch, max_buffered_bytes=max_buffered_bytes,
+                              max_connections=max_connections)
     except OSError as e:
         raise HarnessError(f"reward server: cannot listen on {host}:{port} ({e.strerror or e})") from None
     identity = server.identity
     print(f"reward server: serving {identity['reward']} at {server.url} "
           f"(POST {' or '.join(REWARD_PATHS)}, GET {HEALTH_PATH}; {identity['kind']} reward, sha256 "
-          f"{identity['sha256']}; up to {max_batch} texts per score call, {max_pending} requests waiting)", flush=True)
+          f"{identity['sha256']}; up to {max_batch} texts per score call, {max_pending} requests waiting, "
+          f"{max_connections} connections, {max_buffered_bytes} body bytes held)", flush=True)
     with server, contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
 

@@ -1,5 +1,5 @@
-"""`remax-bench bundle RESULTS --out NAME.tar.gz`: a finished comparison as one file to publish, and its checked
-opening on another machine (docs/reproducibility.md, "Publishing a comparison: the bundle").
+"""`remax-bench bundle RESULTS --out NAME.tar.gz`: a finished comparison as one file to publish, opened checked on
+another machine by harness.runs.unbundle (docs/reproducibility.md, "Publishing a comparison: the bundle").
 
 The bundle is a gzip tar whose one top folder, TOP, is laid out like the results directory it came from, so code that
 reads a results directory reads an opened bundle:
@@ -20,62 +20,127 @@ folders (each run holds a copy of its plan.json), and an input that is a link to
 model): bundle.json records its sha256 and path, bundled false, so whoever reproduces supplies it. Files the harness
 keeps for itself (.remax-bench*.json, Snakemake's .snakemake_timestamp: every hidden file) are not bundled.
 
-open_bundle trusts nothing in the file: a bundle is downloaded from someone else. Every entry is checked before it
-is written, into a folder of its own that appears only when every file matched bundle.json.
+Only the results directory's own regular files go in, never what a link points to (a file that is not the run's
+would be published), checked at every part of each path below the results directory, and opened with O_NOFOLLOW:
+- a link among the comparison's records (config.json, summary.csv, conformance.csv; runs/, runs/<framework>,
+  seed<N> or a run's record; metrics/ or a run's metrics; an input's .sha256 or build record) is an error naming it:
+  leaving a run's manifest out would publish a broken bundle, and its target is not the run's;
+- an input that is a link or holds one (a user's checkpoint), or an inputs/ that is a link, is recorded, not bundled
+  (bundle.json: its sha256 and path, bundled false), as above: whoever reproduces supplies it;
+- under inputs/, only the inputs' own files (INPUT_PLACES, INPUT_RECORDS), never a file beside them.
+config.json must be the effective config whose config_hash every run's manifest records, and summary.csv a summary
+table (harness.results.summarize.read_summary), before anything is written.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
 import os
 import re
+import stat
 import tarfile
-import zlib
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
-from typing import IO, cast
+from pathlib import Path
+from typing import IO
 
 from harness import HarnessError
-from harness.inputs import DATASET, POLICY, REWARD, REWARD_MODEL
-from harness.io import MAX_DOCUMENT_BYTES, atomic_path, parse_document, read_json_object, sha256_tree, verify_hash
+from harness.config import validate_config
+from harness.inputs import BUILD_RECORD, DATASET, POLICY, REWARD, REWARD_MODEL
+from harness.io import atomic_path, config_hash, read_json_object, sha256_tree, sidecar, verify_hash
 from harness.results import layout
-from harness.results.records import INTEGER, LIST, OBJECT, TEXT, check_shape, read_manifest
+from harness.results.records import read_manifest
+from harness.runs import unbundle
+from harness.runs.unbundle import FORMAT, RECORD, TOP, shown
 
-TOP = "remax-bench-bundle"
-RECORD = "bundle.json"
-FORMAT = 1
-OWNER = {"kind": "bundle"}  # what an opened bundle's folder is (harness.io.OWNER)
+BUNDLE_ROLE = "bundle"  # what `bundle --out` writes (harness.io.WRITTEN): a bundle replaces a bundle, nothing else
+
 RUN_RECORDS = ("manifest.json", "plan.json", "eval.json", "launch.json")
-# Where each input a manifest names lives under results/inputs (harness.inputs builds them there).
+# Where each input a manifest names lives under results/inputs (harness.inputs builds them there), and the records
+# harness.inputs writes beside them: each one's sha256 (harness.io.sidecar) and how the policy was built. Nothing
+# else under inputs/ is bundled.
 INPUT_PLACES = {"dataset": DATASET, "policy": POLICY, "reward": REWARD}
-# Bounds on what opening a bundle may write: a profile's bundle is meant to stay within tens of MB and thousands of
-# files (#50 asks 50 MB of the cpu-frameworks one), so a bundle past these is damage or a decompression bomb,
-# stopped before it fills the disk.
-MAX_BYTES = 4 << 30
-MAX_MEMBERS = 100_000
-# The most of the decompressed tar read at once: a file is read a CHUNK at a time, so a larger read is a header's
-# (a pax or GNU long name header), which tarfile would hold in memory whole.
-MAX_READ = 16 << 20
-CHUNK = 1 << 20
+INPUT_RECORDS = (*(sidecar(place).as_posix() for place in INPUT_PLACES.values()), BUILD_RECORD)
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # an environment's file name, made from a manifest's text
 
-BUNDLE_SHAPE = {"format": INTEGER, "created": TEXT, "runs": LIST, "runs.*": OBJECT, "inputs": OBJECT,
-                "environments": OBJECT, "files": OBJECT, "files.*": TEXT}
+# a bundled file's content: generated here, or the file results/<its name in the bundle> of the results directory
+Member = bytes | Path
 
-Member = bytes | Path  # a bundled file's content: generated here, or copied from the results directory
+
+def _link_on_the_way(results: Path, rel: str) -> Path | None:
+    """The first of results/rel and the folders above it, below `results`, that is a link; None where none is."""
+    path = results
+    for part in rel.split("/"):
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def _refuse_link(link: Path) -> HarnessError:
+    return HarnessError(f"{link}: a link (to {shown(os.readlink(link))}); a bundle holds the results directory's own "
+                        "files, never what a link points to: put the file itself there, or bundle the results "
+                        "directory the link points into")
+
+
+def _own(results: Path, rel: str) -> Path | None:
+    """results/rel where it is a regular file, None where none is there; HarnessError naming the link where it, or
+    a folder on the way below `results`, is one."""
+    link = _link_on_the_way(results, rel)
+    if link is not None:
+        raise _refuse_link(link)
+    return results / rel if (results / rel).is_file() else None
+
+
+def _folders(results: Path, rel: str, pattern: str) -> list[Path]:
+    """The folders in results/rel whose names match `pattern`, in order; HarnessError naming a link among them or on
+    the way to results/rel (a run whose folder is a link is not the results directory's)."""
+    link = _link_on_the_way(results, rel)
+    if link is not None:
+        raise _refuse_link(link)
+    if not (results / rel).is_dir():
+        return []
+    found = []
+    for path in sorted(p for p in (results / rel).iterdir() if re.fullmatch(pattern, p.name)):
+        if path.is_symlink():
+            raise _refuse_link(path)
+        if path.is_dir():
+            found.append(path)
+    return found
+
+
+def _open_own(results: Path, rel: str) -> IO[bytes]:
+    """results/rel opened for reading, each part of `rel` with O_NOFOLLOW: a file swapped for a link since it was
+    checked is not followed either. O_NONBLOCK: a fifo put there does not hang the bundle (it is then refused)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    parts = rel.split("/")
+    fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            fd, parent = os.open(part, flags | (os.O_DIRECTORY if i < len(parts) - 1 else 0), dir_fd=fd), fd
+            os.close(parent)
+    except OSError as e:
+        os.close(fd)
+        raise HarnessError(f"{results / rel}: cannot be read without following a link ({e.strerror}): it changed "
+                           "while it was bundled; nothing was written") from None
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise HarnessError(f"{results / rel}: not a regular file (it changed while it was bundled); nothing was "
+                           "written")
+    return f
 
 
 def _runs(results: Path) -> list[tuple[Path, dict]]:
     """(run directory, manifest) of every runs/<framework>/seed<N>, in order; HarnessError for a run without a
     readable manifest."""
     found = []
-    for fw_dir in sorted(p for p in (results / "runs").glob("*") if p.is_dir() and not p.name.startswith(".")):
-        # The pattern skips atomic_path's temporaries (.seed1.xxxx) of a run still being written.
-        for run in sorted(p for p in fw_dir.glob("seed*") if p.is_dir() and re.fullmatch(r"seed\d+", p.name)):
-            found.append((run, read_manifest(run / "manifest.json", ("framework", "seed", "run_id", "inputs"))))
+    # The patterns skip hidden folders and atomic_path's temporaries (.seed1.xxxx) of a run still being written.
+    for fw_dir in _folders(results, "runs", r"[^.].*"):
+        for run in _folders(results, f"runs/{fw_dir.name}", r"seed\d+"):
+            manifest = _own(results, f"runs/{fw_dir.name}/{run.name}/manifest.json") or run / "manifest.json"
+            found.append((run, read_manifest(manifest, ("framework", "seed", "run_id", "inputs", "config_hash"))))
     if not found:
         raise HarnessError(f"{results / 'runs'}: no run to bundle (runs/<framework>/seed<N> with a manifest.json)")
     return found
@@ -85,13 +150,31 @@ def _run_members(results: Path, run: Path, manifest: dict) -> dict[str, Member]:
     fw, seed = manifest["framework"], manifest["seed"]
     if run != layout.path(results, layout.RUN, framework=fw, seed=seed):
         raise HarnessError(f"{run}/manifest.json: records the run {fw} seed {seed}, which does not live here")
-    metrics = layout.path(results, layout.METRICS, framework=fw, seed=seed)
-    if not metrics.is_file():
-        raise HarnessError(f"{metrics}: the run's metrics are missing (ingest the run before bundling)")
-    rel_run = layout.RUN.format(framework=fw, seed=seed)
-    members: dict[str, Member] = {f"{rel_run}/{name}": run / name for name in RUN_RECORDS if (run / name).is_file()}
-    members[layout.METRICS.format(framework=fw, seed=seed)] = metrics
+    rel_run, rel_metrics = layout.RUN.format(framework=fw, seed=seed), layout.METRICS.format(framework=fw, seed=seed)
+    metrics = _own(results, rel_metrics)
+    if metrics is None:
+        raise HarnessError(f"{results / rel_metrics}: the run's metrics are missing (ingest the run before bundling)")
+    members: dict[str, Member] = {rel_metrics: metrics}
+    for name in RUN_RECORDS:
+        path = _own(results, f"{rel_run}/{name}")
+        if path is not None:
+            members[f"{rel_run}/{name}"] = path
     return members
+
+
+def _check_records(results: Path, manifests: list[dict]) -> None:
+    """config.json and summary.csv are what a reader takes them for, checked before they are published: the
+    effective config whose config_hash every run's manifest records, and a summary table."""
+    from harness.results.summarize import read_summary  # pandas: when bundling only, not when opening
+
+    path = results / layout.CONFIG
+    config = validate_config(read_json_object(path, "effective config"), source=str(path))
+    for m in manifests:
+        if m["config_hash"] != config_hash(config):
+            raise HarnessError(f"{path}: its config_hash is {config_hash(config)}, but the manifest of run "
+                               f"{shown(str(m['run_id']))} records {shown(str(m['config_hash']))}: not the config the "
+                               "runs ran with (bundle the results directory as the pipeline left it)")
+    read_summary(results / layout.SUMMARY)
 
 
 def _git(manifests: list[dict]) -> dict | list:
@@ -118,7 +201,7 @@ def _environments(manifests: list[dict]) -> tuple[dict[str, list[str]], list[str
         else:
             name, lines = str(env.get("name") or "environment"), list(env.get("packages") or [])
         if not SAFE_NAME.fullmatch(name):
-            raise HarnessError(f"manifest of {m['run_id']}: environment name {name!r} is not a file name")
+            raise HarnessError(f"manifest of {m['run_id']}: environment name {shown(name)} is not a file name")
         key = next((k for k, v in envs.items() if v == lines and (k == name or k.startswith(f"{name}@"))), None)
         if key is None:
             key = name if name not in envs else f"{name}@{m['run_id']}"
@@ -134,21 +217,23 @@ def _has_link(path: Path) -> bool:
     return path.is_dir() and any(Path(d, n).is_symlink() for d, dirs, files in os.walk(path) for n in dirs + files)
 
 
-def _input_record(inputs: Path, name: str, recorded: dict) -> dict:
+def _input_record(inputs: Path | None, name: str, recorded: dict) -> dict:
     """bundle.json's record of one input: its sha256 and path as the runs recorded them, and whether the bundle
-    holds it. A generated input in results/inputs must be the one the runs used: one rebuilt since would publish
-    another experiment's inputs (HarnessError)."""
+    holds it (not where it is, or holds, a link; `inputs` is None where results/inputs is one). A generated input in
+    results/inputs must be the one the runs used: one rebuilt since would publish another experiment's inputs
+    (HarnessError)."""
     out = {"sha256": recorded.get("sha256"), "path": recorded["path"], "bundled": False}
-    if name not in INPUT_PLACES or not (inputs / INPUT_PLACES[name]).exists():
+    if inputs is None or name not in INPUT_PLACES or not (inputs / INPUT_PLACES[name]).exists():
         return out  # the runs read their inputs elsewhere: nothing here to bundle
     place = inputs / INPUT_PLACES[name]
+    linked = _has_link(place)  # the whole input: reward/ holds the reward model
     if recorded.get("kind") == "rule":  # the rule is code, pinned by the harness commit; reward.json says which
-        return {**out, "kind": "rule", "bundled": not _has_link(place)}
+        return {**out, "kind": "rule", "bundled": not linked}
     if name == "reward":
         out["kind"] = recorded.get("kind")
         if recorded.get("kind") == "model":
             place = place / REWARD_MODEL
-    if _has_link(place):
+    if linked:
         return out
     actual = verify_hash(place) if place.name != REWARD_MODEL else sha256_tree(place)
     if actual != recorded.get("sha256"):
@@ -157,9 +242,25 @@ def _input_record(inputs: Path, name: str, recorded: dict) -> dict:
     return {**out, "bundled": True}
 
 
+def _tree(results: Path, rel: str) -> dict[str, Member]:
+    """The regular, visible files at or under results/rel, by their path under `results`, none through a link
+    (hidden ones are the harness's and Snakemake's markers, which sha256_tree leaves out of an input too)."""
+    top = results / rel
+    if top.is_file() and not top.is_symlink():
+        return {rel: top}
+    found: dict[str, Member] = {}
+    for folder, dirs, files in os.walk(top):  # links to folders are listed in dirs, and not walked into
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for f in sorted(files):
+            path = Path(folder, f)
+            if not f.startswith(".") and path.is_file() and not path.is_symlink():
+                found[path.relative_to(results).as_posix()] = path
+    return found
+
+
 def _inputs(results: Path, manifests: list[dict]) -> tuple[dict, dict[str, Member]]:
-    """bundle.json's "inputs", and the files under results/inputs to bundle: every regular, visible one not behind a
-    link (hidden ones are the harness's and Snakemake's markers, which sha256_tree leaves out of an input too)."""
+    """bundle.json's "inputs", and the inputs' own files to bundle: INPUT_RECORDS, and the files of each input the
+    bundle holds. An inputs/ that is a link is not the results directory's: none of it is bundled."""
     recorded: dict[str, tuple[dict, str]] = {}
     for m in manifests:
         for name, rec in m["inputs"].items():
@@ -167,15 +268,16 @@ def _inputs(results: Path, manifests: list[dict]) -> tuple[dict, dict[str, Membe
             if first.get("sha256") != rec.get("sha256"):
                 raise HarnessError(f"{results}: runs {by} and {m['run_id']} used different {name} inputs (sha256 "
                                    f"{first.get('sha256')} and {rec.get('sha256')}): not one comparison")
-    inputs = results / layout.INPUTS
-    records = {name: _input_record(inputs, name, rec) for name, (rec, _) in sorted(recorded.items())}
+    inputs = None if (results / layout.INPUTS).is_symlink() else results / layout.INPUTS
     members: dict[str, Member] = {}
-    for folder, dirs, files in os.walk(inputs):  # links to folders are listed in dirs, and not walked into
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for f in sorted(files):
-            path = Path(folder, f)
-            if not f.startswith(".") and path.is_file() and not path.is_symlink():
-                members[path.relative_to(results).as_posix()] = path
+    for rel in (f"{layout.INPUTS}/{name}" for name in INPUT_RECORDS) if inputs else ():
+        path = _own(results, rel)  # before verify_hash reads a sidecar: a link is refused, not followed
+        if path is not None:
+            members[rel] = path
+    records = {name: _input_record(inputs, name, rec) for name, (rec, _) in sorted(recorded.items())}
+    for name, record in records.items():
+        if record["bundled"]:
+            members.update(_tree(results, f"{layout.INPUTS}/{INPUT_PLACES[name]}"))
     return records, members
 
 
@@ -206,7 +308,8 @@ def _write_tar(dest: Path, members: dict[str, Member], record: dict, mtime: int)
                 tar.addfile(info, io.BytesIO(content))
                 files[name] = hashlib.sha256(content).hexdigest()
                 continue
-            with open(content, "rb") as f:
+            # content is results/<name>: opened from the results directory through no link
+            with _open_own(content.parents[name.count("/")], name) as f:
                 info.size = os.fstat(f.fileno()).st_size
                 reader = _Hashing(f)
                 tar.addfile(info, reader)
@@ -217,19 +320,38 @@ def _write_tar(dest: Path, members: dict[str, Member], record: dict, mtime: int)
         tar.addfile(info, io.BytesIO(data))
 
 
+def _check_sizes(members: dict[str, Member]) -> None:
+    """A file or files past the caps of an opened bundle (harness.runs.unbundle) would make a bundle no one can
+    open: refused before it is written."""
+    sizes = {name: len(c) if isinstance(c, bytes) else c.stat().st_size for name, c in members.items()}
+    name = max(sizes, key=lambda n: sizes[n])
+    if sizes[name] > unbundle.MAX_ENTRY_BYTES:
+        content = members[name]
+        raise HarnessError(f"{content if isinstance(content, Path) else name}: {sizes[name]} bytes, past the cap on "
+                           f"one file of an opened bundle ({unbundle.MAX_ENTRY_BYTES} bytes)")
+    if sum(sizes.values()) > unbundle.MAX_BYTES:
+        raise HarnessError(f"{sum(sizes.values())} bytes of files to bundle, past the cap on an opened bundle's "
+                           f"files together ({unbundle.MAX_BYTES} bytes)")
+
+
 def make_bundle(results_dir: str | Path, out: str | Path) -> dict:
-    """Write the bundle of `results_dir` to `out` (a .tar.gz; never over a file the harness did not write);
+    """Write the bundle of `results_dir` to `out` (a .tar.gz; never over anything but a bundle the harness wrote);
     {"path", "bytes", "runs", "files"}. HarnessError naming the path for a results directory without config.json,
-    summary.csv or any run, a run without a readable manifest or metrics, inputs the runs did not use."""
+    summary.csv or any run, a run without a readable manifest or metrics, a link among its records (the module's
+    docstring), a config.json that is not the runs' effective config or a summary.csv that is not a summary table,
+    inputs the runs did not use, files past the caps of an opened bundle."""
     results = Path(results_dir)
-    for name in (layout.CONFIG, layout.SUMMARY):
-        if not (results / name).is_file():
+    members: dict[str, Member] = {}
+    for name in (layout.CONFIG, layout.SUMMARY, layout.CONFORMANCE):
+        path = _own(results, name)
+        if path is None and name != layout.CONFORMANCE:
             raise HarnessError(f"{results / name}: missing; not a finished results directory (bundle one the "
                                "pipeline completed)")
+        if path is not None:
+            members[name] = path
     runs = _runs(results)
     manifests = [m for _, m in runs]
-    members: dict[str, Member] = {name: results / name for name in (layout.CONFIG, layout.SUMMARY,
-                                                                   layout.CONFORMANCE) if (results / name).is_file()}
+    _check_records(results, manifests)
     for run, manifest in runs:
         members.update(_run_members(results, run, manifest))
     inputs, input_files = _inputs(results, manifests)
@@ -237,159 +359,12 @@ def make_bundle(results_dir: str | Path, out: str | Path) -> dict:
     envs, env_of = _environments(manifests)
     members.update({f"environments/{name}.txt": "".join(f"{line}\n" for line in lines).encode()
                     for name, lines in envs.items()})
+    _check_sizes(members)
     now = datetime.now(UTC)
     record = {"format": FORMAT, "created": now.isoformat(timespec="seconds"), "harness": _git(manifests),
               "runs": [{"framework": m["framework"], "seed": m["seed"], "run_id": m["run_id"], "environment": env}
                        for m, env in zip(manifests, env_of)],
               "inputs": inputs, "environments": envs}
-    with atomic_path(out) as tmp:
+    with atomic_path(out, role=BUNDLE_ROLE) as tmp:
         _write_tar(tmp, members, record, int(now.timestamp()))
     return {"path": str(out), "bytes": Path(out).stat().st_size, "runs": len(runs), "files": len(members) + 1}
-
-
-def _entry_name(member: tarfile.TarInfo, where: str) -> str | None:
-    """The path under TOP of a tar entry that may be written (None for a folder, made as files need it);
-    HarnessError naming the entry for anything that could write elsewhere or is not a plain file."""
-    name = member.name
-    if name.startswith("/") or PurePosixPath(name).is_absolute() or "\\" in name or re.match(r"[A-Za-z]:", name):
-        raise HarnessError(f"{where}: entry {name!r}: an absolute path; refused (nothing was extracted)")
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise HarnessError(f"{where}: entry {name!r}: '..', '.' or an empty part in its path; refused (nothing was "
-                           "extracted)")
-    if parts[0] != TOP or (len(parts) == 1 and not member.isdir()):
-        raise HarnessError(f"{where}: entry {name!r}: outside the bundle's folder {TOP}/; refused (nothing was "
-                           "extracted)")
-    if member.issym() or member.islnk():
-        raise HarnessError(f"{where}: entry {name!r}: a link (to {member.linkname!r}); a bundle holds plain files "
-                           "only: refused (nothing was extracted)")
-    if member.isdir():
-        return None
-    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-        what = "a device or fifo" if member.isdev() else f"an entry of tar type {member.type!r}"
-        raise HarnessError(f"{where}: entry {name!r}: {what}; a bundle holds plain files only: refused (nothing was "
-                           "extracted)")
-    if any(p.startswith(".") for p in parts[1:]):
-        raise HarnessError(f"{where}: entry {name!r}: a hidden file, which a bundle never holds (the harness keeps "
-                           "its own records in them); refused (nothing was extracted)")
-    return "/".join(parts[1:])
-
-
-class _Bounded:
-    """The decompressed tar as tarfile reads it, within MAX_READ a read and MAX_BYTES (and the headers of MAX_MEMBERS
-    entries) in all: a header claiming gigabytes is refused before it is read into memory."""
-
-    def __init__(self, f: gzip.GzipFile, where: str):
-        self.f, self.where = f, where
-
-    def read(self, n: int = -1) -> bytes:
-        if n < 0 or n > MAX_READ or self.f.tell() + n > MAX_BYTES + MAX_MEMBERS * 4096:
-            raise HarnessError(f"{self.where}: a tar header or entry past the bounds of a bundle ({n} bytes at "
-                               f"offset {self.f.tell()}); not a bundle (nothing was extracted)")
-        return self.f.read(n)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.f.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self.f.tell()
-
-
-def _copy_out(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, budget: int) -> str:
-    """Write one entry's bytes to `target` (a new file), at most `budget` of them; its sha256."""
-    src = tar.extractfile(member)
-    if src is None:
-        raise HarnessError(f"entry {member.name!r}: cannot be read")
-    h, written = hashlib.sha256(), 0
-    with src, open(target, "xb") as dst:
-        while chunk := src.read(CHUNK):
-            written += len(chunk)
-            if written > budget:
-                raise HarnessError(f"entry {member.name!r}: more than {MAX_BYTES} bytes of files in all; not a "
-                                   "bundle (nothing was extracted)")
-            h.update(chunk)
-            dst.write(chunk)
-    return h.hexdigest()
-
-
-def _extract(path: Path, dest: Path) -> dict[str, str]:
-    """Every file of the bundle at `path` written under `dest` (a new folder); {path under TOP: sha256}."""
-    digests: dict[str, str] = {}
-    total = 0
-    try:
-        with gzip.GzipFile(path, "rb") as gz, tarfile.open(fileobj=cast(IO[bytes], _Bounded(gz, str(path))),
-                                                       mode="r:") as tar:
-            for count, member in enumerate(tar, 1):
-                if count > MAX_MEMBERS:
-                    raise HarnessError(f"{path}: more than {MAX_MEMBERS} entries; not a bundle (nothing was "
-                                       "extracted)")
-                name = _entry_name(member, str(path))
-                if name is None:
-                    continue
-                if name in digests:
-                    raise HarnessError(f"{path}: entry {member.name!r} appears twice; refused (nothing was extracted)")
-                if total + member.size > MAX_BYTES:
-                    raise HarnessError(f"{path}: entry {member.name!r}: more than {MAX_BYTES} bytes of files in "
-                                       "all; not a bundle (nothing was extracted)")
-                target = dest.joinpath(*name.split("/"))
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    digests[name] = _copy_out(tar, member, target, MAX_BYTES - total)
-                except OSError as e:  # a file where a folder should be, or a full disk
-                    if isinstance(e, gzip.BadGzipFile):  # an OSError, but of the bundle's bytes: below
-                        raise
-                    raise HarnessError(f"{path}: entry {member.name!r} could not be written ({e.strerror or e}); "
-                                       "nothing was extracted") from None
-                total += member.size
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise HarnessError(f"{path}: not a whole gzip tar ({e or type(e).__name__}): damaged or truncated; "
-                           "nothing was extracted") from None
-    return digests
-
-
-def _check_listing(path: Path, dest: Path, digests: dict[str, str]) -> dict:
-    """bundle.json, after checking that the bundle holds exactly the files it lists, each with its sha256."""
-    where = f"{path}: {TOP}/{RECORD}"
-    if RECORD not in digests:
-        raise HarnessError(f"{where} is missing: not a remax-bench bundle, or a truncated one; nothing was extracted")
-    if (dest / RECORD).stat().st_size > MAX_DOCUMENT_BYTES:
-        raise HarnessError(f"{where}: larger than {MAX_DOCUMENT_BYTES} bytes; not a bundle record")
-    record = check_shape(parse_document((dest / RECORD).read_bytes(), where, yaml_syntax=False), BUNDLE_SHAPE,
-                         where, ("format", "files", "runs"), "bundle record")
-    if record["format"] != FORMAT:
-        raise HarnessError(f"{where}: format {record['format']}; this remax-bench reads format {FORMAT}")
-    listed, held = record["files"], {k: v for k, v in digests.items() if k != RECORD}
-    missing = sorted(set(listed) - set(held))
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise HarnessError(f"{path}: {TOP}/{missing[0]}{more}: listed in {RECORD} but not in the bundle: truncated "
-                           "or cut down; nothing was extracted")
-    unlisted = sorted(set(held) - set(listed))
-    if unlisted:
-        raise HarnessError(f"{path}: {TOP}/{unlisted[0]}: in the bundle but not listed in {RECORD}: added after it "
-                           "was made; nothing was extracted")
-    for name in sorted(listed):
-        if held[name] != listed[name]:
-            raise HarnessError(f"{path}: {TOP}/{name}: sha256 {held[name]}, but {RECORD} records {listed[name]}: "
-                               "changed after the bundle was made; nothing was extracted")
-    return record
-
-
-def open_bundle(path: str | Path, into: str | Path) -> Path:
-    """Extract the bundle at `path` into the folder `into`, laid out like a results directory; `into`. The folder
-    appears only when every entry was a plain file inside the bundle's folder and every file matched bundle.json;
-    otherwise HarnessError naming the entry, and nothing is written (`into`, if it was there, is as it was). An
-    existing `into` is replaced only when it is empty or an opened bundle itself (harness.io.check_replaceable)."""
-    path, into = Path(path), Path(into)
-    if not path.is_file():
-        raise HarnessError(f"{path}: no bundle there (a .tar.gz made by `remax-bench bundle`)")
-    with atomic_path(into, OWNER) as tmp:
-        tmp.mkdir()
-        _check_listing(path, tmp, _extract(path, tmp))
-    return into
-
-
-def describe(into: str | Path) -> dict:
-    """The record of an opened bundle (bundle.json), read back bounded."""
-    return read_json_object(Path(into) / RECORD, "bundle record")
-

@@ -25,6 +25,7 @@ from harness.runs.train import run_steps, train
 from harness.runtime.manifest import git_commit, hardware, package_versions
 
 RECORD = "reproduce.json"
+RECORD_ROLE = "rerun record"  # what RECORD is (harness.io.WRITTEN)
 
 
 def _changed(what: str, recorded: dict, now: dict) -> list[str]:
@@ -96,5 +97,5 @@ def reproduce(run_dir: str | Path, out: str | Path, inputs_dir: str | Path | Non
               "accuracy); sampled responses are not in the common schema",
               "caveats": ["the original ran from a working tree with uncommitted changes: its commit does not pin "
                           "its code"] if manifest.get("git", {}).get("dirty") else []}
-    write_json(out / RECORD, record)
+    write_json(out / RECORD, record, role=RECORD_ROLE)
     return record

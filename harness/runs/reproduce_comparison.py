@@ -13,7 +13,6 @@ renders it as DIR/index.html.
 from __future__ import annotations
 
 import math
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,14 +29,17 @@ from harness.results.metrics import read_metrics
 from harness.results.records import read_manifest
 from harness.results.reproducibility import first_divergence, greedy_responses, step0_agreement
 from harness.results.summarize import edge_means, read_eval, read_summary, summarize
-from harness.runs.bundle import open_bundle
 from harness.runs.reproduce import world_differences
 from harness.runs.train import METRICS, train
+from harness.runs.unbundle import open_bundle
 from harness.runtime import envs
 from harness.runtime.envs import REPO
+from harness.runtime.git import NO_DIFF_PROGRAMS, commit_id
+from harness.runtime.git import run as run_git
 from harness.runtime.manifest import git_commit
 
 RECORD = "reproduce.json"
+RECORD_ROLE = "reproduction record"  # what RECORD is (harness.io.WRITTEN)
 OWNER = {"kind": "reproduction"}
 REFERENCE = "reference"  # the embedded backend: step-0 agreement is each framework's greedy responses against its
 
@@ -64,28 +66,34 @@ def _original_runs(original: Path, frameworks: list[str] | None, seeds: list[int
         runs.append({"framework": framework, "seed": seed, "dir": run_dir, "manifest": manifest,
                      "again": not seeds or seed in seeds,
                      "metrics": layout.path(original, layout.METRICS, framework=framework, seed=seed)})
+    if not any(r["again"] for r in runs):  # each choice is known, but no run has both (a failed seed left out)
+        raise HarnessError(f"{original}: no run of framework {', '.join(frameworks or ['(any)'])} with seed "
+                           f"{', '.join(map(str, seeds or []))}: nothing to run again (its runs: "
+                           f"{', '.join(f'{f} seed {s}' for f, s in have)})")
     return runs
 
 
-def _check_inputs(runs: list[dict], inputs_dir: Path) -> None:
-    """The one refusal: an input whose sha256 here is not the one every original run recorded."""
+def _check_inputs(runs: list[dict], inputs_dir: Path, shown: str) -> None:
+    """The one refusal: an input whose sha256 here is not the one every original run recorded. `shown`: the inputs'
+    name for the reader (a bundle's are opened in a temporary folder that is gone when the message is read)."""
     now = resolve_inputs(inputs_dir)
     for run in runs:
         for name, recorded in run["manifest"]["inputs"].items():
             if isinstance(recorded, dict) and recorded.get("sha256") != now.get(name, {}).get("sha256"):
                 raise HarnessError(
-                    f"{inputs_dir}: input {name} has sha256 {now.get(name, {}).get('sha256')}, the original's "
+                    f"{shown}: input {name} has sha256 {now.get(name, {}).get('sha256')}, the original's "
                     f"{run['framework']} seed {run['seed']} recorded {recorded.get('sha256')}: not the same "
                     "experiment (give the original's inputs with --inputs)")
 
 
-def _commit_change(recorded: object, now: str) -> str:
-    """`git diff --shortstat` between the original's harness commit and this one, where this clone has both."""
-    proc = subprocess.run(["git", "diff", "--shortstat", str(recorded), now, "--", "harness", "workflows"],
-                          cwd=REPO, capture_output=True, text=True)
+def _commit_change(recorded: str, now: str) -> str:
+    """`git diff --shortstat` between the original's harness commit and this one, where this clone has both. Both
+    are checked to be commit ids first: the recorded one comes from a file someone else wrote."""
+    proc = run_git(REPO, "diff", *NO_DIFF_PROGRAMS, "--shortstat", commit_id(recorded, "the original's harness commit"),
+                   commit_id(now, "this clone's commit"), "--", "harness", "workflows")
     summary = proc.stdout.strip()
-    return (f"harness code from {str(recorded)[:12]} to {now[:12]}: {summary or 'no change in harness/ and workflows/'}"
-            if proc.returncode == 0 else f"harness commit {str(recorded)[:12]} is not in this clone: no diff to show")
+    return (f"harness code from {recorded[:12]} to {now[:12]}: {summary or 'no change in harness/ and workflows/'}"
+            if proc.returncode == 0 else f"harness commit {recorded[:12]} is not in this clone: no diff to show")
 
 
 def _world(runs: list[dict], config: dict) -> list[str]:
@@ -95,8 +103,9 @@ def _world(runs: list[dict], config: dict) -> list[str]:
     for run in runs:
         seen.update(dict.fromkeys(world_differences(run["manifest"], config)))
     now = git_commit()["commit"]
-    for recorded in sorted({str(r["manifest"].get("git", {}).get("commit")) for r in runs} - {now}):
-        seen[_commit_change(recorded, now)] = None
+    recorded = {r["manifest"].get("git", {}).get("commit") for r in runs} - {now, None}
+    for commit in sorted(recorded) if now else ():
+        seen[_commit_change(commit, now)] = None
     return list(seen)
 
 
@@ -236,7 +245,8 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
                                    f"{original_dir / layout.CONFIG}: the run is not of this comparison")
             run["steps"] = read_metrics(run["metrics"])
         inputs_dir = Path(inputs) if inputs else original_dir / layout.INPUTS
-        _check_inputs(original, inputs_dir)
+        _check_inputs(original, inputs_dir, str(inputs) if inputs else
+                      f"{source}'s {layout.INPUTS}" if source.is_file() else str(inputs_dir))
         _check_sources(original, config)
         _build_environments([r for r in original if r["again"]])
         world = _world(original, config)
@@ -254,5 +264,5 @@ def reproduce_comparison(source: str | Path, out: str | Path, frameworks: list[s
                   "world": world, "probe_s": probe, **judge(original, reruns, config),
                   "runs": [{"framework": r["framework"], "seed": r["seed"], "error": r["error"],
                             "seconds": r.get("seconds")} for r in reruns]}
-        write_json(tmp / RECORD, nan_as_null(record))
+        write_json(tmp / RECORD, nan_as_null(record), role=RECORD_ROLE)
     return record

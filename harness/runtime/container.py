@@ -27,6 +27,8 @@ from harness.runtime.launch_script import shell_word, shell_words
 
 # Where a generated definition puts the description and setup scripts inside the image.
 IN_IMAGE = "/opt/remax-bench"
+# What build_image writes (harness.io.WRITTEN): the image, and its record beside it.
+IMAGE_ROLE, IMAGE_RECORD_ROLE = "container image", "image record"
 # The characters a path in a generated definition may hold. Apptainer reads the definition line by line (a newline
 # in a path starts a section of its own, e.g. a %post that runs at build time), replaces {{ NAME }} with build
 # arguments, splits a %files line at spaces outside double quotes (which cannot be escaped), and expands each source
@@ -154,15 +156,15 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
     settings = image_settings(name, config)
     apptainer = config["container"]["apptainer"]
     out = Path(out).absolute() if out else image_path(name)
-    for dest in (out, out.with_suffix(".json")):  # the record beside the image too, before a build of minutes
-        check_replaceable(dest)
+    for dest, role in ((out, IMAGE_ROLE), (out.with_suffix(".json"), IMAGE_RECORD_ROLE)):  # before a build of minutes
+        check_replaceable(dest, role=role)
     text = definition(name, settings) if settings["install"] else None
     try:
         version = subprocess.run([apptainer, "--version"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         raise HarnessError(f"config: at container.apptainer: cannot run {apptainer!r} ({e}); install Apptainer "
                            "(https://apptainer.org) on the node that builds the images") from None
-    with atomic_path(out) as tmp:
+    with atomic_path(out, role=IMAGE_ROLE) as tmp:
         definition_file = tmp.with_suffix(".def")
         if text is not None:
             definition_file.write_text(text)
@@ -180,7 +182,7 @@ def build_image(name: str, config: dict, out: str | Path | None = None) -> dict:
         "sif": str(out), "sif_sha256": digest, "apptainer": version.stdout.strip(),
         "built": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    write_json(out.with_suffix(".json"), record)
+    write_json(out.with_suffix(".json"), record, role=IMAGE_RECORD_ROLE)
     return record
 
 

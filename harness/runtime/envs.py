@@ -40,6 +40,9 @@ FRAMEWORK_FOLDERS = REPO / "harness" / "frameworks"  # each framework's envs/, f
 # that an arm's framework version is the one its runs launch with).
 ENV_ROOT = Path(os.environ.get("REMAX_BENCH_ENVS") or REPO / ".venvs")
 STAMP = ".remax-bench-env"
+# What a built environment's package list and `env NAME --out`'s file of its python are (harness.io.WRITTEN).
+STAMP_ROLE = "environment stamp"
+PYTHON_ROLE = "environment's python path"
 TORCH_EXTENSIONS = "torch_extensions"  # each venv's own cache of torch's JIT-built ops (container.env_check)
 
 
@@ -220,5 +223,5 @@ def _build(name: str, root: Path, python: str, spec: Path, repo: Path, digest: s
                                        f"the change:\n" + output[-3000:])
                 raise HarnessError(f"{spec}: building environment {name!r} failed ({' '.join(cmd[:4])} ...):\n"
                                    + output[-3000:])
-    write_text(stamp, digest + "\n")
+    write_text(stamp, digest + "\n", role=STAMP_ROLE)
     return env_python(name, root)

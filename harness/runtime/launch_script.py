@@ -61,6 +61,7 @@ def shell_command(argv: list[str]) -> str:
     return " \\\n  ".join(" ".join(words) for words in lines)
 
 
+LAUNCH_SCRIPT_ROLE = "launch script"  # what a plan's launch.sh is (harness.io.WRITTEN)
 RAY_PORT = 6379  # Ray's default head port, as the SLURM scripts below use it
 
 

@@ -6,16 +6,18 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import harness
+from harness import HarnessError
 from harness.io import config_hash
+from harness.runtime.git import git
 
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "pandas", "pyarrow")
 REPO = Path(__file__).resolve().parents[2]
+MANIFEST_ROLE = "run manifest"  # what a run's manifest.json is (harness.io.WRITTEN)
 
 
 def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
@@ -29,13 +31,10 @@ def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
 
 
 def git_commit() -> dict:
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True)
-        return proc.stdout.strip()
-
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (subprocess.CalledProcessError, FileNotFoundError):
+        return {"commit": git(REPO, "rev-parse", "HEAD"),
+                "dirty": bool(git(REPO, "status", "--porcelain", "--untracked-files=no"))}
+    except (HarnessError, FileNotFoundError):
         return {"commit": None, "dirty": None}
 
 

@@ -2,7 +2,7 @@ import json
 import os
 import sys
 
-from harness.config import arms_from_config, refuse_large_files, validate_config
+from harness.config import arms_from_config, nightly_from_config, refuse_large_files, validate_config
 from harness.frameworks import conformance_env, env_spec, environment, get_adapter, not_runnable, sources
 from harness.results import layout
 
@@ -12,6 +12,10 @@ AB = config.pop("ab", None)
 
 def ab_arms():
     return arms_from_config(AB, "snakemake config")
+
+
+# Likewise the nightly A/B's framework and budgets (rules/nightly.smk).
+NIGHTLY = nightly_from_config(config.pop("nightly", None), "snakemake config")
 
 
 # Validated (defaults filled) before any job starts: a bad key stops the workflow here, naming the key.

@@ -11,7 +11,6 @@ import itertools
 import json
 import math
 import os
-import subprocess
 from pathlib import Path
 
 from harness import HarnessError
@@ -24,7 +23,16 @@ from harness.io import atomic_path, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
-from harness.runtime.launch_script import REWARD_URL, RUN_DIR, fill, launch_script, shell_word
+from harness.runtime.git import SAFE_CONFIG
+from harness.runtime.git import run as run_git
+from harness.runtime.launch_script import (
+    LAUNCH_SCRIPT_ROLE,
+    REWARD_URL,
+    RUN_DIR,
+    fill,
+    launch_script,
+    shell_word,
+)
 from harness.runtime.locks import package_deviations
 
 NAME = "dschat"
@@ -74,7 +82,7 @@ def require_checkout(path: Path) -> Path:
     if not (path / MAIN).is_file():
         raise HarnessError(f"{path}: no ReMax checkout ({MAIN} missing); make it with workflows/rules/setup.smk "
                            f"(liziniu/ReMax {REMAX_COMMIT[:7]}) or point {CHECKOUT_ENV} at one")
-    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = run_git(path, "rev-parse", "HEAD").stdout.strip()
     if head != REMAX_COMMIT:
         raise HarnessError(f"{path}: checkout is at {head or 'no git commit'}, not the pinned {REMAX_COMMIT}")
     edited = _local_changes(path)
@@ -86,8 +94,7 @@ def require_checkout(path: Path) -> Path:
 
 def _local_changes(path: Path) -> str:
     """Tracked files changed in the checkout (git status --porcelain), '' when it is clean."""
-    return subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
-                          capture_output=True, text=True).stdout.strip().replace("\n", "; ")
+    return run_git(path, "status", "--porcelain", "--untracked-files=no").stdout.strip().replace("\n", "; ")
 
 
 def split_sizes(data_split: str, size: int) -> list[int]:
@@ -161,10 +168,13 @@ def _actor_dir(policy: Path, dest: Path, final: Path) -> None:
     (dest / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+DATA_ROLE = "DeepSpeed-Chat dataset"  # what _export_data writes (harness.io.WRITTEN)
+
+
 def _export_data(rows: list[dict], dest: Path) -> int:
     """DeepSpeed-Chat's local/jsonfile rows (JSON lines): prompt, chosen (the answer), rejected (none exists)."""
     write_text(dest, "".join(json.dumps({"prompt": r["prompt"], "chosen": r["answer"], "rejected": None}) + "\n"
-                             for r in rows))
+                             for r in rows), role=DATA_ROLE)
     return len(rows)
 
 
@@ -281,7 +291,8 @@ def main_args(argv: list[str]) -> list[str]:
 
 def _checkout_check(checkout: Path) -> str:
     """launch.sh's check: refuse a checkout that is not the pinned, unedited official code."""
-    return fill(TEMPLATES / "checkout_check.sh.j2", checkout=shell_word(str(checkout)), commit=REMAX_COMMIT)
+    return fill(TEMPLATES / "checkout_check.sh.j2", checkout=shell_word(str(checkout)), commit=REMAX_COMMIT,
+                git=" ".join(map(shell_word, ["git", *SAFE_CONFIG])))
 
 
 # DeepSpeed-Chat reads local/jsonfile data from data/ beside the checkout (utils/data/data_utils.py).
@@ -396,7 +407,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             title=f"DeepSpeed-Chat / official ReMax (liziniu/ReMax {REMAX_COMMIT[:7]}), planned by "
                   f"`remax-bench plan {NAME}`",
             argv=argv, env_vars=env_vars, env_check=env_check(env, config, "deepspeed"),
-            checks=_checkout_check(checkout), setup=fill(RUN_LAYOUT), reward_server=server))
+            checks=_checkout_check(checkout), setup=fill(RUN_LAYOUT), reward_server=server), role=LAUNCH_SCRIPT_ROLE)
         write_plan(tmp / "plan.json", {
             "framework": NAME,
             "framework_version": framework_version(env),

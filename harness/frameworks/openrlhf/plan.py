@@ -29,15 +29,17 @@ from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_json, write_text
 from harness.results.layout import plan_owner
 from harness.runtime import container, envs
-from harness.runtime.launch_script import fill, launch_script, shell_word, shell_words
+from harness.runtime.launch_script import LAUNCH_SCRIPT_ROLE, fill, launch_script, shell_word, shell_words
 
 NAME = "openrlhf"
 VERSION = "0.11.2"
 LOG = "openrlhf.log"
 PROMPTS = "prompts.jsonl"
+PROMPTS_ROLE = "OpenRLHF prompt file"  # what PROMPTS is (harness.io.WRITTEN)
 INSIDE = Path(__file__).with_name("inside")  # what runs in OpenRLHF's own environment, named by path, never imported
 REMAX_DIR = INSIDE / "remax"
 AGENT, AGENT_CONFIG, PATCH = "remax_agent.py", "remax_agent.json", "remax_patch.py"
+AGENT_CONFIG_ROLE = "OpenRLHF agent config"  # what AGENT_CONFIG is (harness.io.WRITTEN)
 REWARD_PATH = "/get_reward"
 # The first batch the patched estimator saw in the run, with OpenRLHF's advantages (remax_patch.py, record_batch).
 ADVANTAGE_BATCH = "remax_advantage_batch.json"
@@ -292,12 +294,14 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
     with atomic_path(out_dir, owner=plan_owner(NAME, seed)) as tmp:
         tmp.mkdir()
         write_text(tmp / PROMPTS, "".join(json.dumps({"input": r["prompt"], "label": r["answer"]}) + "\n"
-                                          for r in itertools.islice(itertools.cycle(train), n_prompts)))
+                                          for r in itertools.islice(itertools.cycle(train), n_prompts)),
+                   role=PROMPTS_ROLE)
         shutil.copy2(REMAX_DIR / AGENT, tmp / AGENT)
         shutil.copy2(REMAX_DIR / PATCH, tmp / PATCH)
         write_json(tmp / AGENT_CONFIG, {"reward_url": reward_url + REWARD_PATH,
                                         "min_tokens_is_max_tokens": rc["generation_length"] == "fixed",
-                                        "sampling_seed": seed if determinism_record["mode"] == "strict" else None})
+                                        "sampling_seed": seed if determinism_record["mode"] == "strict" else None},
+                   role=AGENT_CONFIG_ROLE)
         write_text(tmp / "launch.sh", launch_script(
             title=f"OpenRLHF {VERSION} ReMax run planned by `remax-bench plan openrlhf`; its output also goes to "
                   f"RUN_DIR/{LOG}",
@@ -307,7 +311,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             reward_server=server_block(config, inputs_dir, reward, host=oc["reward_host"],
                                                       port=oc["reward_port"],
                                                       health_timeout_s=oc["reward_health_timeout_s"]),
-            log=LOG))
+            log=LOG), role=LAUNCH_SCRIPT_ROLE)
         write_plan(tmp / "plan.json", {
             "framework": NAME, "framework_version": VERSION, "seed": seed, "run_id": run_id, "env": _env(config),
             # OpenRLHF's figures are per pretend GPU on a CPU; the harness counts a CPU run's devices as 0 (as verl's)

@@ -33,8 +33,9 @@ from harness.io import atomic_path, write_json
 from harness.results import metrics
 from harness.results.efficiency import cpu_matmul_peak, gpu_peak
 from harness.results.layout import run_owner
+from harness.results.summarize import EVAL_ROLE
 from harness.reward.shared import SharedReward, load_shared_reward
-from harness.runtime.manifest import build_manifest
+from harness.runtime.manifest import MANIFEST_ROLE, build_manifest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -229,13 +230,14 @@ def train(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) 
         finished = time.time()
         eval_after = evaluate(rollout, tokenizer, dataset["eval"], rc, xc["eval_batch_size"], device, shared)
         metrics.write_metrics(metrics.to_frame(rows, str(tmp / STEP_LOG)), tmp / "metrics.parquet")
-        write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after})
+        write_json(tmp / "eval.json", {"run_id": run_id, "split": "eval", "before": eval_before, "after": eval_after},
+                   role=EVAL_ROLE)
         write_json(tmp / "manifest.json", build_manifest(
             framework=NAME, framework_version=framework_version, run_id=run_id, seed=seed, config=config,
             inputs=inputs, extra={"device": str(device), "torch_threads": torch.get_num_threads(),
                                   "determinism": determinism,
                    "timed_window": {"start": started, "end": finished}, **({"peak_flops": peak} if peak else {})},
-        ))
+        ), role=MANIFEST_ROLE)
 
 
 def make_optimizer(trainer: Decoder, rc: dict) -> torch.optim.Optimizer:

@@ -16,7 +16,7 @@ from harness.io import atomic_path, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
 from harness.runtime.envs import pinned_version
-from harness.runtime.launch_script import REWARD_URL, RUN_DIR, launch_script
+from harness.runtime.launch_script import LAUNCH_SCRIPT_ROLE, REWARD_URL, RUN_DIR, launch_script
 
 NAME = "trl"
 INSIDE = Path(__file__).with_name("inside")  # what runs in TRL's own environment, named by path, never imported
@@ -125,7 +125,7 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
             title=f"TRL ({framework_version(env)}) with the harness's ReMax trainer, planned by "
                   f"`remax-bench plan {NAME}`",
             argv=argv, env_vars=env_vars, env_check=env_check(env, config, "python"), reward_server=server,
-            log=TRL_LOG))
+            log=TRL_LOG), role=LAUNCH_SCRIPT_ROLE)
         write_plan(tmp / "plan.json", {
             "framework": NAME, "framework_version": framework_version(env), "seed": seed,
             "run_id": run_id(NAME, config, seed), "env": env, "device": config["launch"]["device"],

@@ -27,7 +27,7 @@ from harness.inputs import resolve_inputs, task
 from harness.io import atomic_path, write_text
 from harness.results.layout import plan_owner
 from harness.runtime.container import env_check, env_command
-from harness.runtime.launch_script import RUN_DIR, launch_script, ray_cluster_block
+from harness.runtime.launch_script import LAUNCH_SCRIPT_ROLE, RUN_DIR, launch_script, ray_cluster_block
 
 NAME = "verl"
 VERSION = "0.9.1"
@@ -371,4 +371,5 @@ def plan(config: dict, seed: int, out_dir: str | Path, inputs_dir: str | Path) -
         write_text(tmp / "launch.sh", launch_script(
             title=f"verl {VERSION} ReMax run planned by `remax-bench plan verl`; verl's metrics go to "
                   f"RUN_DIR/{METRICS_LOG}",
-            argv=argv, env_vars=env_vars, env_check=env_check(env, config), reward_server=server, cluster=cluster))
+            argv=argv, env_vars=env_vars, env_check=env_check(env, config), reward_server=server, cluster=cluster),
+            role=LAUNCH_SCRIPT_ROLE)
