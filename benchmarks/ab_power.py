@@ -39,59 +39,83 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.comparison import ab  # noqa: E402
+from harness.comparison import ab, arms  # noqa: E402
 from harness.comparison.paired import decide, look_alpha  # noqa: E402
+from harness.frameworks import get_adapter  # noqa: E402
+from harness.frameworks.registry import environment  # noqa: E402
+from harness.runtime import envs  # noqa: E402
 
-CONFIG = REPO / "benchmarks" / "regression_short.yaml"
-MODEL = "harness/frameworks/reference/model.py"
-ANCHOR = "        rows, width = tokens.shape\n"
+CONFIG = [REPO / "benchmarks" / "regression_short.yaml"]
+# framework -> (the file the slower line goes into, the line it follows, an import it needs after that file's line)
+FAULTS = {
+    "reference": ("harness/frameworks/reference/model.py", "        rows, width = tokens.shape\n", None),
+    # each sample's rollout, in OpenRLHF's vLLM rollout actor (the harness's ReMax agent, run from the arm's checkout)
+    "openrlhf": ("harness/frameworks/openrlhf/inside/remax/remax_agent.py",
+                 "        sampling_params = deepcopy(sampling_params)\n", ("import aiohttp\n", "import torch\n")),
+}
 
 
-def _arms(root: Path, size: int) -> dict[str, Path]:
+def _arms(root: Path, size: int, framework: str) -> dict[str, Path]:
     """Two checkouts: A at this repository's HEAD, B with the slower line committed on top."""
     a, b = root / "A", root / "B"
     for tree in (a, b):
         subprocess.run(["git", "clone", "-q", "--no-local", str(REPO), str(tree)], check=True)
-    path = b / MODEL
+    where, anchor, needs = FAULTS[framework]
+    path = b / where
     text = path.read_text()
-    assert text.count(ANCHOR) == 1, f"{MODEL}: the line the slowdown follows is gone"
-    path.write_text(text.replace(ANCHOR, f"{ANCHOR}        torch.linalg.eigvalsh(torch.eye({size}) + 0.01)\n"))
+    assert text.count(anchor) == 1, f"{where}: the line the slowdown follows is gone"
+    text = text.replace(anchor, f"{anchor}        torch.linalg.eigvalsh(torch.eye({size}) + 0.01)\n")
+    if needs:
+        text = text.replace(needs[0], needs[0] + needs[1], 1)
+    path.write_text(text)
     who = ["-c", "user.name=remax-bench benchmark", "-c", "user.email=benchmark@remax-bench.invalid"]
     subprocess.run(["git", "-C", str(b), *who, "commit", "-qam", f"eigvalsh of {size}x{size} per forward"], check=True)
     return {"A": a, "B": b}
 
 
-def run(pairs: int, size: int, together: bool, out: Path) -> None:
-    record: dict = {"size": size, "config": str(CONFIG.relative_to(REPO)), "commit": subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-        "AB": [], "AA": []}
+def run(pairs: int, size: int, together: bool, out: Path, framework: str, configs: list[Path]) -> None:
+    raw: dict = {}
+    for path in configs:  # in order, each over the last, as Snakemake's --configfile
+        raw = arms.merge(raw, yaml.safe_load(path.read_text()))
+    raw = arms.merge({**raw, "frameworks": [framework]}, get_adapter(framework).ab_profile)
+    named = [str(p.resolve().relative_to(REPO)) for p in configs]
+    record: dict = {"size": size, "framework": framework, "config": named,
+                    "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                                             text=True).stdout.strip(), "AB": [], "AA": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        trees = _arms(root, size)
+        trees = _arms(root, size, framework)
         env = {**os.environ, "PYTHONPATH": str(trees["A"])}
         frozen = root / "config.json"
-        subprocess.run([sys.executable, "-P", "-m", "harness.cli", "freeze-config", "--json",
-                        json.dumps(yaml.safe_load(CONFIG.read_text())), "--out", str(frozen)], env=env, check=True)
+        for dest in (frozen, root / "config-B.json"):  # B's own, where separate_ports moves its ports
+            subprocess.run([sys.executable, "-P", "-m", "harness.cli", "freeze-config", "--json", json.dumps(raw),
+                            "--out", str(dest)], env=env, check=True)
         for what in ("dataset", "policy", "reward"):
             subprocess.run([sys.executable, "-P", "-m", "harness.cli", "inputs", what, "--config", str(frozen),
                             "--inputs", str(root / "inputs")], env=env, check=True, stdout=subprocess.DEVNULL)
         config = json.loads(frozen.read_text())
+        in_env = environment(get_adapter(framework), config)
+        lent = envs.ENV_ROOT if in_env else None  # the planted line is in the arm's checkout, not in its environment
         # in A against A, "B" is the second arm, running A's checkout too
-        arms = {kind: (ab.Arm("A", "A", tree=trees["A"], config=frozen, commit=kind),
-                       ab.Arm("B", "B", tree=trees["A" if kind == "AA" else "B"], config=frozen, commit=kind))
+        pair = {kind: (arms.Arm("A", "A", tree=trees["A"], config=frozen, commit=kind, env_root=lent),
+                       arms.Arm("B", "B", tree=trees["A" if kind == "AA" else "B"], config=root / "config-B.json",
+                                commit=kind, env_root=lent))
                 for kind in ("AB", "AA")}
-        cores = ab.side_by_side(arms["AB"], None) if together else None
-        record["side_by_side"] = cores
         (root / "logs").mkdir()
+        cores = ab.side_by_side(pair["AB"], in_env, framework) if together else None
+        if cores and in_env:
+            arms.separate_ports(pair["AB"], raw, framework, root / "logs" / "ports.log")
+        record["side_by_side"] = cores
         for k in range(pairs):
             for kind in ("AB", "AA"):
                 started = time.monotonic()
-                pair = ab.run_pair(arms[kind], "reference", config, 1 + k % 3, k, root / "inputs", root / kind,
+                done = ab.run_pair(pair[kind], framework, config, 1 + k % 3, k, root / "inputs", root / kind,
                                    root / "logs", cores)
-                record[kind].append({**{f: v for f, v in pair.items() if f != "steps"},
+                record[kind].append({**{f: v for f, v in done.items() if f != "steps"},
                                      "seconds": time.monotonic() - started})
-                raw, equal = (math.exp(ab.log_ratios([pair], f)[0]) for f in ("throughput_tok_s", ab.EQUAL_SPEED))
-                print(f"{kind} pair {k + 1}: tokens/s B/A {raw:.3f}, at equal machine speed {equal:.3f}", flush=True)
+                shown = ", ".join(f"{ab.FIGURES[f]} {math.exp(ab.log_ratios([done], f)[0]):.3f}"
+                                  for f in ab.FIGURES if done[f"A_{f}"] and done[f"B_{f}"])
+                print(f"{kind} pair {k + 1}: B/A {shown}", flush=True)
                 tmp_out = out.with_suffix(".tmp")
                 tmp_out.write_text(json.dumps(record, indent=1))
                 tmp_out.rename(out)
@@ -135,7 +159,9 @@ def results(out: Path, max_pairs: int, min_pairs: int, max_minutes: float, alpha
               f"would go on to --max-pairs {max_pairs} or the time cap; the boundary is {max_pairs} looks')")
     for kind in ("AB", "AA"):
         pool = record[kind]
-        for figure in ("throughput_tok_s", ab.EQUAL_SPEED, ab.PROBE):
+        for figure in ab.FIGURES:
+            if not all(p[f"A_{figure}"] and p[f"B_{figure}"] for p in pool):
+                continue
             x = np.array(ab.log_ratios(pool, figure))
             print(f"  {kind} {ab.FIGURES[figure]:<32} B/A {100 * math.expm1(x.mean()):+6.2f}% (per pair sd of the log "
                   f"ratio {x.std(ddof=1):.3f})")
@@ -162,6 +188,9 @@ def main() -> int:
     ap.add_argument("what", choices=("run", "results"))
     ap.add_argument("--pairs", type=int, default=60)
     ap.add_argument("--size", type=int, default=56)
+    ap.add_argument("--framework", choices=sorted(FAULTS), default="reference")
+    ap.add_argument("--config", type=Path, nargs="+", default=CONFIG,
+                    help="config files, each over the last (default: benchmarks/regression_short.yaml)")
     ap.add_argument("--one-at-a-time", action="store_true", help="as `ab --one-at-a-time`")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "data" / "ab_power.json")
     ap.add_argument("--max-pairs", type=int, default=100)  # ab's defaults
@@ -173,7 +202,7 @@ def main() -> int:
                     help="other records whose A against A pairs join this one's (results)")
     args = ap.parse_args()
     if args.what == "run":
-        run(args.pairs, args.size, not args.one_at_a_time, args.out)
+        run(args.pairs, args.size, not args.one_at_a_time, args.out, args.framework, args.config)
     results(args.out, args.max_pairs, args.min_pairs, args.max_minutes, args.alpha, args.resolution, args.aa_also)
     return 0
 

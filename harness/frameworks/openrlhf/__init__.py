@@ -56,6 +56,9 @@ register_framework(Adapter(
     module="openrlhf",
     head_dims=VLLM_HEAD_DIMS,
     saves_checkpoint=True,  # the final actor, where its --ckpt.* defaults put it: the run directory
+    # An A/B's runs: what is timed is the steps after warm-up, so few of them (docs/regression.md, "A framework's
+    # A/B"); its start-up (Ray, vLLM, the model) is measured apart and takes as long at any number of steps.
+    ab_profile={"remax": {"steps": 25, "warmup_steps": 5}},
     schema=Path(__file__).with_name("config.schema.yaml"),
     image=Path(__file__).with_name("image.yaml"),
     ports=lambda config: [("openrlhf.reward_port", config[NAME]["reward_host"], config[NAME]["reward_port"])],

@@ -71,6 +71,9 @@ register_framework(Adapter(
     parity=parity.parity,
     module="verl",
     head_dims=VLLM_HEAD_DIMS,
+    # An A/B's runs: what is timed is the steps after warm-up, so few of them (docs/regression.md, "A framework's
+    # A/B"); its start-up (Ray, vLLM, the model) is measured apart and takes as long at any number of steps.
+    ab_profile={"remax": {"steps": 20, "warmup_steps": 5}},
     schema=Path(__file__).with_name("config.schema.yaml"),
     image=Path(__file__).with_name("image.yaml"),
 ))
