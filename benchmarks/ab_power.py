@@ -1,16 +1,22 @@
-"""Benchmark: how often `remax-bench ab` calls a slower line of code slower, and A against A different, on the
-cpu-short profile, and in how many pairs and minutes.
+"""Benchmark: how often `remax-bench ab` calls a slower line of code slower, and A against A different, and in how
+many pairs and minutes: on the cpu-short profile (the reference backend), or on a planned framework's A/B profile.
 
     python benchmarks/ab_power.py run [--pairs 60] [--size 56] [--one-at-a-time] [--out benchmarks/data/ab_power.json]
+    python benchmarks/ab_power.py run --framework openrlhf --size 240 --pairs 10 --out OUT.json \
+        --config workflows/config/cpu.yaml workflows/config/cpu-frameworks.yaml
     python benchmarks/ab_power.py results [--out ...] [--max-pairs 100] [--min-pairs 3] [--max-minutes 15]
                                           [--aa-also OTHER.json ...]
 
 `run` clones this repository's HEAD, adds one commit that puts a needless eigenvalue decomposition of a size x size
-matrix into the policy's forward pass (test_ab.py's slower line, smaller: 72 cost 5.4%, 56 4.2%, 46 3.6%, 30 3.1%,
-24 2.6%), and runs --pairs pairs of A (HEAD) against B (that commit) and as many of A against A, interleaved (AB,
-AA, BA, AA, ...), each pair as `ab` runs it (ab.run_pair: side by side where ab.side_by_side finds a core for each
-run, else one after the other), pair k on seed k mod 3. Each pair's figures (ab.phase_medians: tokens/s, tokens/s at
-equal machine speed, the probe) and its wall time go to --out as they come.
+matrix into the framework's own path (FAULTS: the reference policy's forward pass, test_ab.py's slower line, smaller:
+72 cost 5.4%, 56 4.2%, 46 3.6%, 30 3.1%, 24 2.6%; OpenRLHF's, each sample's rollout in its vLLM rollout actor, the
+harness's ReMax agent, run from the arm's checkout, so both arms launch with the one environment already built), and
+runs --pairs pairs of A (HEAD) against B (that commit) and as many of A against A, interleaved (AB, AA, BA, AA, ...),
+each pair as `ab` runs it (ab.run_pair: side by side where ab.side_by_side finds cores for each run, B's ports moved
+apart, else one after the other), pair k on seed k mod 3. A planned framework's runs take its A/B profile
+(the adapter's ab_profile) over the --config files, merged in order. Each pair's figures (ab.phase_medians: tokens/s,
+tokens/s at equal machine speed and the probe where the reference times it, each phase, the time outside the steps)
+and its wall time go to --out as they come.
 
 `results` replays `ab`'s sequential decision (ab.decision_basis, paired.decide, the same level, looks, minimum and
 time cap) on the recorded pairs in 4,000 random orders per arm pair (A against A's arms also swapped at random, as
@@ -40,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.comparison import ab, arms  # noqa: E402
-from harness.comparison.paired import decide, look_alpha  # noqa: E402
+from harness.comparison.paired import decide, detectable_change, look_alpha  # noqa: E402
 from harness.frameworks import get_adapter  # noqa: E402
 from harness.frameworks.registry import environment  # noqa: E402
 from harness.runtime import envs  # noqa: E402
@@ -122,7 +128,7 @@ def run(pairs: int, size: int, together: bool, out: Path, framework: str, config
 
 
 def _swapped(pair: dict) -> dict:
-    return {**pair, **{f"{arm}_{f}": pair[f"{other}_{f}"] for arm, other in ("AB", "BA") for f in ab.FIGURES}}
+    return {**pair, **{f"{arm}_{f}": pair.get(f"{other}_{f}") for arm, other in ("AB", "BA") for f in ab.FIGURES}}
 
 
 def _sequence(pool: list[dict], rng: np.random.Generator, max_pairs: int, min_pairs: int, max_minutes: float,
@@ -145,14 +151,31 @@ def _sequence(pool: list[dict], rng: np.random.Generator, max_pairs: int, min_pa
     raise AssertionError("the last look decides")
 
 
+def _moved(pool: list[dict], slowdown: float) -> list[dict]:
+    """The pool with B's tokens/s (as measured, and at equal machine speed where timed) scaled in every pair so that
+    the mean log ratio is that of `slowdown`: the planted fault's real spread at another size, an extrapolation."""
+    moved = [dict(p) for p in pool]
+    for figure in ("throughput_tok_s", ab.EQUAL_SPEED):
+        if all(p.get(f"A_{figure}") and p.get(f"B_{figure}") for p in pool):
+            by = math.log1p(-slowdown) - float(np.mean(ab.log_ratios(pool, figure)))
+            for p in moved:
+                p[f"B_{figure}"] *= math.exp(by)
+    return moved
+
+
 def results(out: Path, max_pairs: int, min_pairs: int, max_minutes: float, alpha: float, resolution: float,
-            aa_also: list[Path]) -> None:
+            aa_also: list[Path], slowdown: float | None = None) -> None:
     record = json.loads(out.read_text())
+    if slowdown is not None:
+        record["AB"] = _moved(record["AB"], slowdown)
+        print(f"(an extrapolation: the A/B pool's pairs moved to a mean slowdown of {100 * slowdown:g}%, their spread "
+              "kept)")
     for other in aa_also:  # both arms of A against A are one checkout in every record: its pairs pool
         record["AA"] = record["AA"] + json.loads(other.read_text())["AA"]
     pool = min(len(record["AB"]), len(record["AA"]))
     how = f"side by side on cores {record['side_by_side']}" if record.get("side_by_side") else "one after the other"
-    print(f"{out}: eigvalsh of {record['size']}x{record['size']} per forward, at {record['commit'][:12]}; "
+    print(f"{out}: eigvalsh of {record['size']}x{record['size']} in {record.get('framework', 'reference')}'s path, "
+          f"at {record['commit'][:12]}; "
           f"{len(record['AB'])} pairs A/B, {len(record['AA'])} A/A, {how}")
     if max_pairs > pool:  # each sequence uses each real pair at most once; the time cap may stop it sooner
         print(f"  (a sequence still undecided after the {pool} pairs recorded ends there as inconclusive, where `ab` "
@@ -160,11 +183,18 @@ def results(out: Path, max_pairs: int, min_pairs: int, max_minutes: float, alpha
     for kind in ("AB", "AA"):
         pool = record[kind]
         for figure in ab.FIGURES:
-            if not all(p[f"A_{figure}"] and p[f"B_{figure}"] for p in pool):
+            if not all(p.get(f"A_{figure}") and p.get(f"B_{figure}") for p in pool):
                 continue
             x = np.array(ab.log_ratios(pool, figure))
             print(f"  {kind} {ab.FIGURES[figure]:<32} B/A {100 * math.expm1(x.mean()):+6.2f}% (per pair sd of the log "
                   f"ratio {x.std(ddof=1):.3f})")
+    level = look_alpha(alpha, min_pairs, max_pairs)
+    minutes_a_pair = float(np.mean([p["seconds"] for p in record["AA"]])) / 60
+    budget_pairs = min(max_pairs, math.floor(max_minutes / minutes_a_pair))
+    basis = ab.decision_basis(record["AA"], True, level)
+    seen = detectable_change(ab.log_ratios(record["AA"], basis), level, budget_pairs)
+    print(f"what {max_minutes:g} min sees ({minutes_a_pair:.1f} min a pair, {budget_pairs} pairs, A against A's spread "
+          f"on {ab.FIGURES[basis]}): " + (f"a {100 * seen:.1f}% slowdown 4 times in 5" if seen else "n/a"))
     rng = np.random.default_rng(20261204)
     print(f"ab's decision (alpha {alpha}, level {look_alpha(alpha, min_pairs, max_pairs):.2g} at each look of pairs "
           f"{min_pairs}..{max_pairs}, at most {max_minutes:g} min, resolution {resolution:g}), 4000 sequences drawn "
@@ -200,10 +230,13 @@ def main() -> int:
     ap.add_argument("--resolution", type=float, default=0.02)
     ap.add_argument("--aa-also", type=Path, nargs="*", default=[],
                     help="other records whose A against A pairs join this one's (results)")
+    ap.add_argument("--as-slowdown", type=float, metavar="FRACTION",
+                    help="results: replay the A/B pool moved to this mean slowdown, its spread kept (an extrapolation)")
     args = ap.parse_args()
     if args.what == "run":
         run(args.pairs, args.size, not args.one_at_a_time, args.out, args.framework, args.config)
-    results(args.out, args.max_pairs, args.min_pairs, args.max_minutes, args.alpha, args.resolution, args.aa_also)
+    results(args.out, args.max_pairs, args.min_pairs, args.max_minutes, args.alpha, args.resolution, args.aa_also,
+            args.as_slowdown)
     return 0
 
 

@@ -246,17 +246,20 @@ def refuse_large_files(paths: list) -> None:
 
 def nightly_from_config(value: object, source: str) -> list[str]:
     """`remax-bench nightly`'s options for `snakemake nightly --config nightly='{framework: NAME, budget: MIN,
-    bisect_budget: MIN}'` (each optional), kept out of the experiment's config like `ab`'s arms."""
+    bisect_budget: MIN, max_pairs: N}'` (each optional), kept out of the experiment's config like `ab`'s arms."""
     if value is None:
         return []
-    keys = {"framework": "--framework", "budget": "--budget", "bisect_budget": "--bisect-budget"}
+    keys = {"framework": "--framework", "budget": "--budget", "bisect_budget": "--bisect-budget",
+            "max_pairs": "--max-pairs"}
     ok = isinstance(value, dict) and set(value) <= set(keys) and all(
         isinstance(v, str) and v.strip() and not v.startswith("-") if k == "framework" else
+        isinstance(v, int) and not isinstance(v, bool) and 3 <= v <= 500 if k == "max_pairs" else
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 7 * 24 * 60 for k, v in value.items())
     if not ok:
-        raise HarnessError(f"{source}: nightly may name the framework (not empty or starting with '-') and the A/B's "
-                           "and the bisection's budgets in minutes (above 0, at most 7 days), e.g. --config "
-                           f"nightly='{{framework: reference, budget: 15, bisect_budget: 45}}' (given: {value!r})")
+        raise HarnessError(f"{source}: nightly may name the framework (not empty or starting with '-'), the A/B's "
+                           "and the bisection's budgets in minutes (above 0, at most 7 days) and the A/B's most "
+                           "pairs (3-500), e.g. --config nightly='{framework: openrlhf, budget: 45, bisect_budget: 90, "
+                           f"max_pairs: 15}}' (given: {value!r})")
     assert isinstance(value, dict)
     return [arg for k, v in value.items() for arg in (keys[k], str(v))]
 

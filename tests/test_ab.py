@@ -166,7 +166,8 @@ def test_the_machines_drift_cancels_at_equal_machine_speed_unless_the_probe_itse
 
 
 def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the_same_settings(tmp_path):
-    from harness.comparison.ab import PROBE_MODULE, Arm, probe_comparable
+    from harness.comparison.ab import PROBE_MODULE, probe_comparable
+    from harness.comparison.arms import Arm
 
     def arm(label: str, probe_edit: tuple[str, str] | None = None, reference: dict | None = None) -> Arm:
         tree = tmp_path / label
@@ -188,23 +189,53 @@ def test_the_probe_divides_only_where_both_arms_run_the_same_probe_code_with_the
 
 
 def test_a_pairs_runs_go_side_by_side_only_where_each_has_cores_of_its_own(tmp_path):
-    from harness.comparison.ab import Arm, side_by_side
+    from harness.comparison.ab import side_by_side
+    from harness.comparison.arms import Arm
 
-    def arm(label: str, reference: dict) -> Arm:
+    def arm(label: str, reference: dict, device: str = "cpu", openrlhf: int = 18642) -> Arm:
         config = tmp_path / f"{label}.json"
-        config.write_text(json.dumps({"reference": reference}))
+        config.write_text(json.dumps({"reference": reference, "launch": {"device": device},
+                                      "openrlhf": {"reward_port": openrlhf}}))
         return Arm(label, label, config=config)
 
     cores = sorted(os.sched_getaffinity(0))
     one = {"device": "cpu", "threads": 1}
-    assert side_by_side((arm("A", one), arm("B", one)), None) == ([[cores[0]], [cores[1]]] if len(cores) >= 2
-                                                                  else None)
-    assert side_by_side((arm("A", one), arm("B", one)), "verl-cpu") is None  # a planned framework's GPUs, ports, Ray
+    assert side_by_side((arm("A", one), arm("B", one)), None, "reference") == (
+        [[cores[0]], [cores[1]]] if len(cores) >= 2 else None)
     for other in ({"device": "cpu", "threads": 0},  # torch's own count: every core
                   {"device": "cpu", "threads": len(cores)},  # no room for a second run
                   {"device": "cuda", "threads": 1}):
-        assert side_by_side((arm("A", other), arm("B", other)), None) is None, other
-    assert side_by_side((arm("A", one), arm("B", {"device": "cpu", "threads": 2})), None) is None
+        assert side_by_side((arm("A", other), arm("B", other)), None, "reference") is None, other
+    assert side_by_side((arm("A", one), arm("B", {"device": "cpu", "threads": 2})), None, "reference") is None
+    # A planned framework on the CPU: half the cores each (its processes inherit the set), where its settings agree;
+    # on GPUs never (a GPU node's runs each take the whole node).
+    half = len(cores) // 2
+    assert side_by_side((arm("A", one), arm("B", one)), "openrlhf-cpu", "openrlhf") == (
+        [cores[:half], cores[half:]] if len(cores) >= 2 else None)
+    assert side_by_side((arm("A", one, "cuda"), arm("B", one, "cuda")), "openrlhf", "openrlhf") is None
+    assert side_by_side((arm("A", one), arm("B", one, openrlhf=18643)), "openrlhf-cpu", "openrlhf") is None
+
+
+def test_the_smallest_change_a_budget_sees_is_called_slower_at_least_four_times_in_five():
+    """detectable_change on pairs of known spread: at that slowdown the t test at the looks' level calls B slower in
+    80-90% of simulated A/Bs of that many pairs (never less than it promises), at half of it far less often."""
+    from harness.comparison.paired import detectable_change
+
+    rng = np.random.default_rng(7)
+    sd = 0.08
+
+    def called_slower(slowdown: float, level: float, pairs: int) -> float:
+        x = rng.normal(math.log1p(-slowdown), sd, (20000, pairs))
+        high = x.mean(1) + t_quantile(level, pairs - 1) * x.std(1, ddof=1) / math.sqrt(pairs)
+        return float((high < 0).mean())
+
+    for max_pairs, pairs in ((12, 10), (15, 14), (100, 4), (100, 30)):
+        level = look_alpha(0.01, 3, max_pairs)
+        change = detectable_change(list(rng.normal(0, sd, 20000)), level, pairs)
+        assert change is not None
+        assert 0.79 <= called_slower(change, level, pairs) <= 0.9, (max_pairs, pairs)
+        assert called_slower(change / 2, level, pairs) < 0.3, (max_pairs, pairs)
+    assert detectable_change([0.01], look_alpha(0.01, 3, 12), 10) is None  # one pair: no spread yet
 
 
 @pytest.fixture(scope="module")
@@ -289,8 +320,8 @@ def test_an_arms_framework_version_is_the_environment_its_runs_launch_with(tmp_p
     runs that folder's python."""
     from conftest import make_inputs, tiny_cpu_config
 
-    from harness.comparison.ab import Arm, arm_environment
-    from harness.report.ab import package_changes
+    from harness.comparison.ab import package_changes
+    from harness.comparison.arms import Arm, arm_environment
     from harness.runtime import envs
 
     tree = tmp_path / "tree"  # an arm's checkout: its own description of the environment
@@ -402,6 +433,10 @@ def test_the_nightly_ab_calls_the_slower_commit_slower_its_behaviour_unchanged_a
     assert f"first slow commit {head[:12]}" in proc.stdout.splitlines()[-1]
     junit = (out / "junit.xml").read_text()
     assert 'failures="1"' in junit and "confirmed slowdown" in junit and "CI +" in junit
+    # What the budget can see, at the spread measured tonight, in every verdict: a change above 0, below 100%.
+    detectable = record["ab"]["detectable"]
+    assert 0 < detectable["change"] < 1 and detectable["pairs"] >= record["ab"]["pairs"]
+    assert detectable["text"] in junit and detectable["text"] in (out / "summary.md").read_text()
     assert f"`{head}` (a slower forward pass)" in (out / "summary.md").read_text()
     [kept] = (results / "history" / "nightly").glob("[!.]*.json")  # not the harness's hidden record of its writes
     assert json.loads(kept.read_text()) == record
@@ -460,3 +495,26 @@ def test_a_baseline_the_nightly_job_cannot_stand_on_is_refused_before_anything_r
                    *(["--framework", framework] if framework else []), cwd=clone)
     assert proc.returncode == 2 and named in proc.stderr, proc.stdout + proc.stderr
     assert not (tmp_path / "nightly").exists()
+
+
+def test_the_nightly_job_of_a_profile_that_lists_every_framework_confirms_the_reference_unless_told(tmp_path):
+    """The shipped profiles list all five frameworks: `snakemake nightly` with no framework named A/Bs the harness's
+    own reference backend; a config of several frameworks without it must name one."""
+    from harness.comparison.nightly import _framework
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"frameworks": ["reference", "verl", "openrlhf", "dschat", "trl"]}))
+    assert _framework(config, None) == "reference" and _framework(config, "openrlhf") == "openrlhf"
+    config.write_text(yaml.safe_dump({"frameworks": ["verl", "openrlhf"]}))
+    with pytest.raises(HarnessError, match=r"frameworks \['verl', 'openrlhf'\]; the nightly A/B runs one framework"):
+        _framework(config, None)
+
+
+def test_the_nightly_targets_options_are_checked_before_anything_runs():
+    from harness.config import nightly_from_config
+
+    assert nightly_from_config({"framework": "openrlhf", "budget": 45, "max_pairs": 15}, "--config") == [
+        "--framework", "openrlhf", "--budget", "45", "--max-pairs", "15"]
+    for bad in ({"max_pairs": 2}, {"max_pairs": 15.5}, {"budget": 0}, {"framework": "--out=/x"}, {"pairs": 3}):
+        with pytest.raises(HarnessError, match=r"--config: nightly may name the framework .* most pairs \(3-500\)"):
+            nightly_from_config(bad, "--config")

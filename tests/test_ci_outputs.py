@@ -17,6 +17,7 @@ from test_history import make_results
 from test_regression import nights, slowed_config
 
 from harness.cli import parser
+from harness.config import nightly_from_config
 from harness.regression.ci import junit_xml, summary_markdown
 from harness.results import layout
 
@@ -124,23 +125,33 @@ def _rules() -> set[str]:
     return {m for f in files for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
 
 
-def _check_snakemake(words: list[str], env: dict) -> None:
+def _check_snakemake(words: list[str], env: dict) -> list[str]:
+    """Every option, rule and config value of one snakemake command line exists; its targets. `--forcerun` takes
+    every word up to the next option (Snakemake's nargs="*"): words after it are rules to force, not targets."""
     rules = _rules()
-    i = 1
+    targets, i = [], 1
     while i < len(words):
         w = words[i]
-        if w in ("--cores", "--configfile", "--forcerun"):
-            value = words[i + 1]
-            if w == "--configfile":
-                assert (REPO / value.replace("$PROFILE", env["PROFILE"])).is_file(), value
-            if w == "--forcerun":
-                assert value in rules, value
+        if w == "--config":  # the nightly's framework and budget, as workflows/rules/common.smk reads them
+            key, _, value = words[i + 1].partition("=")
+            assert key == "nightly" and nightly_from_config(yaml.safe_load(value), "--config"), words[i + 1]
             i += 2
-            continue
-        assert not w.startswith("-") or w in ("-n", "--dry-run"), w
-        if not w.startswith("-"):
-            assert w in rules, f"snakemake target {w!r} is not a rule"
-        i += 1
+        elif w == "--forcerun":
+            i += 1
+            while i < len(words) and not words[i].startswith("-"):
+                assert words[i] in rules, words[i]
+                i += 1
+        elif w in ("--cores", "--configfile"):
+            if w == "--configfile":
+                assert (REPO / words[i + 1]).is_file(), words[i + 1]
+            i += 2
+        else:
+            assert not w.startswith("-") or w in ("-n", "--dry-run"), w
+            if not w.startswith("-"):
+                assert w in rules, f"snakemake target {w!r} is not a rule"
+                targets.append(w)
+            i += 1
+    return targets
 
 
 def test_the_documented_nightly_workflow_runs_commands_that_exist():
@@ -153,19 +164,20 @@ def test_the_documented_nightly_workflow_runs_commands_that_exist():
     seen = set()
     for runner in runners:
         assert (REPO / runner["profile"]).is_file()
-        env = {"PROFILE": runner["profile"]}
+        env = {"PROFILE": runner["profile"], "NIGHTLY": runner["nightly"]}
         for step in job["steps"]:
             if "uses" in step:
                 assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
                 continue
             for line in step["run"].strip().splitlines():
-                words = shlex.split(line.replace('"$PROFILE"', env["PROFILE"]))
+                words = shlex.split(line.replace('"$PROFILE"', env["PROFILE"]).replace('"$NIGHTLY"',
+                                                                                        shlex.quote(env["NIGHTLY"])))
                 seen.add(words[0])
                 if words[0] == "remax-bench":
                     args = parser().parse_args(words[1:])  # a subcommand or option that does not exist: SystemExit
                     assert callable(args.func)
                 elif words[0] == "snakemake":
-                    _check_snakemake(words, env)
+                    assert "nightly" in _check_snakemake(words, env), line  # the job's point: the A/B runs
                 else:
                     assert words[0] in known, words[0]
     assert {"remax-bench", "snakemake"} <= seen

@@ -425,3 +425,42 @@ def test_a_reload_reaches_every_gemm_of_the_rollout_and_a_stale_packed_copy_stop
     assert result["stock"] > 3 * noise and "packed GEMM of lm_head does not compute" in result["stock_check"], result
     # bf16's own difference, which other weights change a little (1.1-1.6x measured), and far below the stale one
     assert result["layer"] <= 2 * noise and result["stock"] > 4 * result["layer"], result
+
+
+def test_openrlhfs_ab_runs_each_pair_side_by_side_on_ports_of_its_own_with_its_start_up_timed_apart(strict_config,
+                                                                                                   tmp_path):
+    """`ab` of HEAD against itself for OpenRLHF, as the nightly job runs a framework: the framework's A/B profile laid
+    under the arms' overrides (here 3 steps, to keep the test short), both runs of a pair at once on cores of their
+    own where there are two, B's reward server on a port of its own (two runs on one port: the second refuses to
+    start), each run's time outside its steps (Ray, vLLM, the model) shown apart from the steps the verdict is
+    decided on, and what the budget can see stated with the verdict. Under strict the two arms compute the same. Last
+    in the module: the runs before it have built the environment's DeepSpeed ops."""
+    from harness.frameworks import get_adapter
+
+    ensure_env(CPU_ENV)
+    steps = json.dumps({"remax": {"steps": 3, "warmup_steps": 1}})
+    out = tmp_path / "ab"
+    proc = run_cli("ab", "--framework", "openrlhf", "--a", "HEAD", "--b", "HEAD", "--a-set", steps, "--b-set", steps,
+                   "--config", strict_config, "--seeds", 1, "--min-pairs", 2, "--max-pairs", 2, "--out", out)
+    assert proc.returncode in (0, 4), proc.stdout[-3000:] + proc.stderr[-3000:]  # A against A: never slower
+    record = json.loads((out / "ab.json").read_text())
+    assert record["profile"] == get_adapter("openrlhf").ab_profile and record["profile"]["remax"]["steps"] > 3
+    assert len(pd.read_parquet(out / "runs" / "pair1-A-s1" / "metrics.parquet")) == 3  # the arms' override over it
+    cores = sorted(os.sched_getaffinity(0))
+    assert record["side_by_side"] == ([cores[:len(cores) // 2], cores[len(cores) // 2:]] if len(cores) >= 2 else None)
+    if record["side_by_side"]:
+        port = record["arms"]["B"]["ports"]["openrlhf"]["reward_port"]
+        frozen = {arm: json.loads((out / f"config-{arm}.json").read_text())["openrlhf"] for arm in "AB"}
+        assert frozen["B"]["reward_port"] == port != frozen["A"]["reward_port"]
+        assert not record["arms"]["A"]["ports"] and "openrlhf" not in record["arms"]["B"]["override"]
+    for pair in record["pairs"]:
+        assert pair["A_throughput_tok_s"] > 0 and pair["B_throughput_tok_s"] > 0
+        assert pair["A_time_outside_steps_s"] > 10 and pair["B_time_outside_steps_s"] > 10  # Ray, vLLM, the model
+    # Once the environment's JIT-built DeepSpeed ops exist, tens of seconds, not minutes: a lent environment is run
+    # from its own folder, so no arm builds them again (through a link, 200 s more in every run: arms.set_up).
+    last = record["pairs"][-1]
+    assert last["A_time_outside_steps_s"] < 150 and last["B_time_outside_steps_s"] < 150, last
+    assert "outside the steps (start-up, shut-down)" in {r["figure"] for r in record["phases"]}
+    assert record["decided_on"] == "tokens/s"  # no probe in a framework's runs
+    assert record["verdict"]["detectable"]["text"] in record["verdict"]["text"]
+    assert all(b["identical"] for b in record["behaviour"]), record["behaviour"]

@@ -13,7 +13,7 @@ from harness.cli.args import MAX_PAIRS, at_least, fraction, git_ref, json_object
 def _ab_limits(args: argparse.Namespace) -> dict:
     return {"framework": args.framework, "seeds": args.seeds, "max_pairs": args.max_pairs, "min_pairs": args.min_pairs,
             "max_minutes": args.max_minutes, "resolution": args.resolution, "alpha": args.alpha,
-            "together": not args.one_at_a_time}
+            "together": not args.one_at_a_time, "as_configured": args.as_configured}
 
 
 def _ab_options(sp: argparse.ArgumentParser, budget: str = "--max-minutes") -> None:
@@ -34,7 +34,10 @@ def _ab_options(sp: argparse.ArgumentParser, budget: str = "--max-minutes") -> N
                     help="chance that A against A is called different, over all looks (default: %(default)s)")
     sp.add_argument("--one-at-a-time", action="store_true",
                     help="run a pair's two runs one after the other even where they could run side by side, each "
-                         "on its own cores (the embedded backend on a CPU with room for both)")
+                         "on its own cores (on a CPU with room for both)")
+    sp.add_argument("--as-configured", action="store_true",
+                    help="train the config's steps, not the framework's A/B profile (its adapter's ab_profile: few "
+                         "steps after warm-up, for a framework whose start-up and steps take minutes)")
 
 
 def _repo() -> Path:

@@ -1,17 +1,16 @@
 """Is B slower than A? `remax-bench ab`: two arms run interleaved on one machine, paired, decided as soon as the
 pairs allow (docs/regression.md, "Is B slower than A?").
 
-An arm is a commit of this repository (a git ref, checked out into a worktree of its own, or a clean checkout given
-by its path) with an optional config override and, for a planned framework, an optional environment description (the
-framework's version: `--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the config's one framework (the embedded
-reference backend, or a planned one: plan, launch, ingest, each arm with its own folder of environments) on the same
-seeds from one set of inputs, built once and checked by sha256 in every run's manifest. A pair's runs go side by side
-on cores of their own where both are the embedded backend on a CPU with room (side_by_side; the arms swap cores
-each pair), so the machine's moment costs both alike; else in ABBA order (A B, B A, ...). Pair k uses seed k mod
-len(seeds). After each pair from the `min_pairs`-th on, harness.comparison.paired decides on tokens/s, at equal
-machine speed where both arms' runs time the reference backend's probe alike (decision_basis); per-phase step times
-(generation, transition, training) and each seed's ratio are shown with their intervals; each seed's reward curves
-are compared step by step, so a change in behaviour is told apart from a change in speed.
+An arm (harness.comparison.arms) is a commit of this repository with an optional config override and, for a planned
+framework, an optional environment description (`--b-env verl-cpu=verl-0.9.2.txt`). Both arms train the config's one
+framework on the same seeds from one set of inputs, built once and checked by sha256 in every run's manifest; a
+planned framework's runs take its A/B profile (the adapter's `ab_profile`: few steps after warm-up), its start-up
+timed apart from the steps. A pair's runs go side by side on cores of their own where the CPU has room (side_by_side;
+the arms swap cores each pair, B's ports moved apart), so the machine's moment costs both alike; else in ABBA order.
+Pair k uses seed k mod len(seeds). After each pair from the `min_pairs`-th on, harness.comparison.paired decides on
+tokens/s, at equal machine speed where both arms' runs time the reference backend's probe alike (decision_basis);
+per-phase step times and each seed's ratio are shown with their intervals, with the smallest slowdown the budget can
+see; each seed's reward curves are compared step by step, so a change in behaviour is told apart from one in speed.
 
 `remax-bench bisect GOOD BAD` (harness.comparison.bisect) drives `git bisect run` with this comparison.
 """
@@ -273,7 +272,7 @@ def _run(repo: Path, config: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, 
     return {
         "framework": framework,
         "arms": {arm.label: {"spec": arm.spec, "commit": arm.commit, "override": arm.override,
-                             "envs": arm.built} for arm in (a, b)},
+                             "ports": arm.ports, "envs": arm.built} for arm in (a, b)},
         "verdict": verdict, "alpha": alpha, "level": level, "resolution": resolution, "split": split,
         "min_pairs": min_pairs, "max_pairs": max_pairs, "max_minutes": max_minutes,
         "minutes": minutes, "side_by_side": cores,
@@ -300,6 +299,18 @@ def detectable(pairs: list[dict], basis: str, level: float, minutes: float, max_
     seen = f"{100 * change:.1f}% slowdown 4 times in 5" if change is not None else "change once pairs have a spread"
     text = f"this budget ({max_minutes:g} min, about {budget_pairs} pairs) sees a {seen}"
     return {"change": change, "pairs": budget_pairs, "text": text}
+
+
+def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
+    """Package -> (A's version, B's) where the arms' framework environments differ."""
+    versions = {}
+    for label, arm in record["arms"].items():
+        for e in arm.get("envs", {}).values():
+            versions[label] = dict(line.partition("==")[::2] for line in e["packages"])
+    if len(versions) < 2:
+        return {}
+    a, b = versions["A"], versions["B"]
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:

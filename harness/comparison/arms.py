@@ -39,6 +39,7 @@ class Arm:
     envs: dict[str, Path] = field(default_factory=dict)  # environment name -> its description (a framework version)
     env_root: Path | None = None  # the folder of environments its runs launch with (REMAX_BENCH_ENVS)
     built: dict[str, dict] = field(default_factory=dict)  # what each environment of its runs was made from
+    ports: dict = field(default_factory=dict)  # its fixed ports moved apart for runs side by side (separate_ports)
 
 
 def merge(into: dict, over: dict) -> dict:
@@ -170,15 +171,19 @@ def set_up(repo: Path, raw: dict, arms: tuple[Arm, Arm], tmp: Path, logs: Path,
     made: dict[str, Path] = {}
     for arm in arms:
         if env:
-            arm.env_root = tmp / "envs" / arm.label
-            arm.built[env] = arm_environment(arm, env, arm.env_root, made, say)
+            arm.built[env] = arm_environment(arm, env, tmp / "envs" / arm.label, made, say)
+            # Its runs launch from the folder that really holds it, not through the link to a lent one: through
+            # the link its Python's prefix is another path, and torch's JIT-built ops (DeepSpeed's), whose
+            # build.ninja names that prefix, would be built again in every run, by every arm's code, old or new
+            # (200 s of a 3-step OpenRLHF run on one core, measured).
+            arm.env_root = (tmp / "envs" / arm.label / env).resolve().parent
     return frozen["A"], framework, env
 
 
 def separate_ports(arms: tuple[Arm, Arm], raw: dict, framework: str, log: Path) -> None:
     """For runs side by side: B's runs listen on ports of their own. Each fixed port the framework's runs listen on
     (the adapter's `ports`: a reward server's, a rendezvous) that A's runs use too is moved to one free now, by B's
-    own freeze-config, and kept in B's override, which the record shows."""
+    own freeze-config, and kept apart from B's override (arm.ports), which the record shows."""
     a, b = arms
     ports = get_adapter(framework).ports
     if ports is None:
@@ -190,5 +195,5 @@ def separate_ports(arms: tuple[Arm, Arm], raw: dict, framework: str, log: Path) 
                 s.bind((host, 0))
                 free = s.getsockname()[1]
             section, name = key.split(".", 1)
-            b.override = merge(b.override, {section: {name: free}})
-    cli(b, "freeze-config", "--json", json.dumps(merge(raw, b.override)), "--out", b.config, log=log)
+            b.ports = merge(b.ports, {section: {name: free}})
+    cli(b, "freeze-config", "--json", json.dumps(merge(merge(raw, b.override), b.ports)), "--out", b.config, log=log)

@@ -56,8 +56,9 @@ def ab_argv(limits: dict) -> list[str]:
     """`ab`'s options for each round from the limits `remax-bench ab` takes (harness.cli.comparison): the same
     framework, seeds, pairs, time, resolution and level."""
     argv = [f"--{k.replace('_', '-')}={v}" for k, v in limits.items()
-            if k not in ("seeds", "together") and v is not None]
+            if k not in ("seeds", "together", "as_configured") and v is not None]
     argv += [f"--seeds={','.join(map(str, limits['seeds']))}"] if limits.get("seeds") else []
+    argv += ["--as-configured"] if limits.get("as_configured") else []
     return argv + ([] if limits.get("together", True) else ["--one-at-a-time"])
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.comparison.ab import Arm, compare
+from harness.comparison.ab import Arm, compare, package_changes
 from harness.comparison.bisect import ab_argv, bisect
 from harness.config import MAX_CONFIG_BYTES
 from harness.io import atomic_path, read_document, read_json_object, write_json, write_text
@@ -62,9 +62,11 @@ def _framework(config: Path, framework: str | None) -> str:
         return framework
     raw = read_document(config, "config file", max_bytes=MAX_CONFIG_BYTES)
     frameworks = raw.get("frameworks", ["reference"]) if isinstance(raw, dict) else None
+    if isinstance(frameworks, list) and len(frameworks) > 1 and "reference" in frameworks:
+        return "reference"  # the harness's own code, which every shipped profile lists and runs on any machine
     if not isinstance(frameworks, list) or len(frameworks) != 1 or not isinstance(frameworks[0], str):
         raise HarnessError(f"nightly: --config {config}: frameworks {frameworks!r}; the nightly A/B runs one "
-                           "framework (--framework NAME)")
+                           "framework (--framework NAME; the reference backend by default, where the config lists it)")
     return frameworks[0]
 
 
@@ -127,7 +129,9 @@ def _confirm(repo: Path, config: Path, framework: str, good: str, bad: str, tmp:
                  say=say, render=render, **ab_options)
     verdict = ab["verdict"]
     record["ab"] = {k: verdict.get(k) for k in ("verdict", "text", "change", "low", "high", "more_pairs", "basis")}
-    record["ab"].update(pairs=len(ab["pairs"]), minutes=ab["minutes"], level=ab["level"], alpha=ab["alpha"])
+    record["ab"].update(pairs=len(ab["pairs"]), minutes=ab["minutes"], level=ab["level"], alpha=ab["alpha"],
+                        detectable=verdict["detectable"], profile=ab["profile"], packages={
+                            name: list(versions) for name, versions in package_changes(ab).items()})
     record["outcome"] = verdict["verdict"]
     record["text"] = f"B against A: {verdict['text']}"
     if verdict["verdict"] != "slower":
@@ -170,7 +174,10 @@ def summary_markdown(record: dict) -> str:
     if ab:
         lines += ["| B slower than A by | decided on | pairs | minutes | level per look |", "|---|---|---:|---:|---:|",
                   f"| {_interval(ab)} | {ab.get('basis')} | {ab['pairs']} | {ab['minutes']:.1f} | "
-                  f"{ab['level']:.2g} |", ""]
+                  f"{ab['level']:.2g} |", "", f"What the budget can see: {ab['detectable']['text']}.", ""]
+        if ab["packages"]:
+            lines += ["Packages that differ between the arms' environments (A -> B): " + ", ".join(
+                f"{name} {a or '(none)'} -> {b or '(none)'}" for name, (a, b) in ab["packages"].items()), ""]
     found = record.get("bisect")
     if found:
         lines += [f"First slow commit: `{found['first_slow']}` ({found['subject']}), after {found['rounds']} "
@@ -194,8 +201,10 @@ def junit_xml(record: dict) -> str:
     if record["outcome"] == "slower":
         failures = 1
         ab = record["ab"]
+        changed = "; packages A -> B: " + ", ".join(f"{n} {a} -> {b}" for n, (a, b) in ab["packages"].items())
         ET.SubElement(case, "failure", message=record["text"], type="confirmed slowdown").text = (
-            f"B slower than A by {_interval(ab)}, {ab['pairs']} pairs in {ab['minutes']:.1f} min")
+            f"B slower than A by {_interval(ab)}, {ab['pairs']} pairs in {ab['minutes']:.1f} min; "
+            f"{ab['detectable']['text']}" + (changed if ab["packages"] else ""))
     elif record["outcome"] in ("unchanged", "inconclusive"):
         skipped = 1
         ET.SubElement(case, "skipped", message=record["text"])

@@ -21,6 +21,7 @@ from harness.results.student_t import central_t, t_quantile
 # over these (0.06 percentage points at alpha 0.01), from a fixed seed, so one (alpha, looks) gives one boundary.
 BOUNDARY_PATHS = 100_000
 BOUNDARY_SEED = 20261206
+Z_POWER = 0.8416212335729143  # the standard normal's 0.8 quantile: what the budget sees, it sees 4 times in 5
 
 
 @functools.cache
@@ -61,14 +62,16 @@ def interval(log_ratios: Sequence[float], alpha: float) -> tuple[float, float, f
 
 
 def detectable_change(log_ratios: Sequence[float], level: float, pairs: int) -> float | None:
-    """The smallest slowdown that `pairs` pairs at these pairs' spread call slower 4 times in 5 (a one-sided power
-    of 0.8 for the t test at `level`): 1 - exp(-(t at level + t at 0.2, one-sided) sd / sqrt(pairs)); None under two
-    pairs (no spread yet)."""
+    """The smallest slowdown that `pairs` pairs at these pairs' spread call slower at least 4 times in 5 at `level`:
+    the shift d whose power is 0.8 by the normal approximation to the noncentral t, d = sd / sqrt(n) (t + z_0.8
+    sqrt(1 + t^2 / 2(n - 1))), which allows for the spread being estimated too (without that term d called B slower
+    75% of the time at 10 pairs; with it 81-87% from 3 to 30 pairs, tests/test_ab.py). None under two pairs."""
     if len(log_ratios) < 2 or pairs < 2:
         return None
     mean = math.fsum(log_ratios) / len(log_ratios)
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in log_ratios) / (len(log_ratios) - 1))
-    return 1 - math.exp(-(t_quantile(level, pairs - 1) + t_quantile(0.4, pairs - 1)) * sd / math.sqrt(pairs))
+    t = t_quantile(level, pairs - 1)
+    return 1 - math.exp(-sd / math.sqrt(pairs) * (t + Z_POWER * math.sqrt(1 + t * t / (2 * (pairs - 1)))))
 
 
 def decide(log_ratios: Sequence[float], *, level: float, resolution: float, final: bool,

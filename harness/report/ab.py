@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from harness.comparison.ab import package_changes
 from harness.io import write_text
 
 PAGE = "index.md"
@@ -26,18 +27,6 @@ def write_page(record: dict, out: Path) -> None:
     """The page and its figure, into the A/B's directory."""
     write_text(out / PAGE, page(record), role=PAGE_ROLE)
     _figure(record, out)
-
-
-def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
-    """Package -> (A's version, B's) where the arms' framework environments differ."""
-    versions = {}
-    for label, arm in record["arms"].items():
-        for e in arm.get("envs", {}).values():
-            versions[label] = dict(line.partition("==")[::2] for line in e["packages"])
-    if len(versions) < 2:
-        return {}
-    a, b = versions["A"], versions["B"]
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def _pct(x: float | None) -> str:
@@ -78,6 +67,8 @@ def page(record: dict) -> str:
     arms = [f"- {label}: `{arm['spec']}` = {arm['commit'][:12]}" + (f", override `{json.dumps(arm['override'])}`"
                                                                      if arm["override"] else "")
             for label, arm in record["arms"].items()]
+    arms += [f"- {label}'s ports, moved apart to run side by side: `{json.dumps(arm['ports'])}`"
+             for label, arm in record["arms"].items() if arm.get("ports")]
     arms += [f"- {label}'s environment {name}: `{e['description']}` ({e['digest'][:12]})"
              for label, arm in record["arms"].items() for name, e in arm.get("envs", {}).items()]
     changed = package_changes(record)
@@ -88,8 +79,10 @@ def page(record: dict) -> str:
              "that the shared machine's drift, which slows the probe with the step, cancels; a slower line in the "
              "run's own code leaves the probe as it was." if decided != "tokens/s" else
              "Decided on tokens/s as measured (no machine-speed probe comparable between the arms).")
+    profile = ([f"Each run took {record['framework']}'s A/B profile, `{json.dumps(record['profile'])}`, under the "
+                "arms' overrides (`--as-configured`: the config's own steps).", ""] if record.get("profile") else [])
     lines = [f"# A/B of {record.get('framework', 'reference')}: is B slower than A?", "", f"**{v['text']}**", "",
-             basis, "", *arms, "",
+             basis, "", *profile, *arms, "",
              f"{len(record['pairs'])} pairs in {record['minutes']:.1f} min, {_how(record)}, seeds "
              f"{', '.join(map(str, record['seeds']))}; each of the looks from pair {record['min_pairs']} to "
              f"{record['max_pairs']} at level {record['level']:.2g}, so that A against A is called different at most "

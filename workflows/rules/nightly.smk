@@ -1,5 +1,5 @@
 # The nightly job (harness/comparison/nightly.py; docs/regression.md, "The nightly job"):
-#   snakemake --cores all --forcerun run_embedded nightly [--config nightly='{framework: reference, budget: 15}']
+#   snakemake --cores all nightly [--config nightly='{framework: reference, budget: 15}'] --forcerun run_embedded
 # The pipeline runs and its history is appended and checked (rules/check.smk: the record, and the trigger for a
 # baseline's slow drift), then tonight's commit runs against the baseline's as a paired A/B on this machine; only a
 # slowdown the A/B confirms fails the target, and where the commits differ its bisection names the first slow commit.
