@@ -131,7 +131,11 @@ def compare(repo: Path, config: Path, a: Arm, b: Arm, out: Path, *, framework: s
         raise HarnessError(f"ab: --config {config}: frameworks {frameworks!r}; an A/B runs one framework "
                            "(--framework NAME)")
     raw["frameworks"] = frameworks
-    profile = {} if as_configured else get_adapter(frameworks[0]).ab_profile
+    try:  # the framework's A/B profile, from this checkout's registry (the arms' own code checks it again)
+        profile = {} if as_configured else get_adapter(frameworks[0]).ab_profile
+    except HarnessError as e:
+        raise HarnessError(f"ab: {'argument --framework' if framework else f'--config {config}: frameworks'}: {e}") \
+            from None
     raw = merge(raw, profile)
     with atomic_path(out, owner=OWNER) as tmp:
         tmp.mkdir()
