@@ -317,6 +317,11 @@ def package_changes(record: dict) -> dict[str, tuple[str | None, str | None]]:
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def packages_text(changes: dict) -> str:
+    """The packages that differ, as the page, the nightly summary and its JUnit failure show them: "name A -> B"."""
+    return ", ".join(f"{name} {a or '(none)'} -> {b or '(none)'}" for name, (a, b) in changes.items())
+
+
 def _ratio_row(name: str, ratios: list[float], alpha: float) -> dict:
     """B/A with its interval; one pair has no spread, so no interval (null in ab.json, which holds no Infinity)."""
     mean, lo, hi = interval(ratios, alpha)

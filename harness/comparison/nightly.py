@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import HarnessError
-from harness.comparison.ab import Arm, compare, package_changes
+from harness.comparison.ab import Arm, compare, package_changes, packages_text
 from harness.comparison.bisect import ab_argv, bisect
 from harness.config import MAX_CONFIG_BYTES
 from harness.io import atomic_path, read_document, read_json_object, write_json, write_text
@@ -176,8 +176,8 @@ def summary_markdown(record: dict) -> str:
                   f"| {_interval(ab)} | {ab.get('basis')} | {ab['pairs']} | {ab['minutes']:.1f} | "
                   f"{ab['level']:.2g} |", "", f"What the budget can see: {ab['detectable']['text']}.", ""]
         if ab["packages"]:
-            lines += ["Packages that differ between the arms' environments (A -> B): " + ", ".join(
-                f"{name} {a or '(none)'} -> {b or '(none)'}" for name, (a, b) in ab["packages"].items()), ""]
+            lines += ["Packages that differ between the arms' environments (A -> B): " + packages_text(ab["packages"]),
+                      ""]
     found = record.get("bisect")
     if found:
         lines += [f"First slow commit: `{found['first_slow']}` ({found['subject']}), after {found['rounds']} "
@@ -201,7 +201,7 @@ def junit_xml(record: dict) -> str:
     if record["outcome"] == "slower":
         failures = 1
         ab = record["ab"]
-        changed = "; packages A -> B: " + ", ".join(f"{n} {a} -> {b}" for n, (a, b) in ab["packages"].items())
+        changed = "; packages A -> B: " + packages_text(ab["packages"])
         ET.SubElement(case, "failure", message=record["text"], type="confirmed slowdown").text = (
             f"B slower than A by {_interval(ab)}, {ab['pairs']} pairs in {ab['minutes']:.1f} min; "
             f"{ab['detectable']['text']}" + (changed if ab["packages"] else ""))

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from harness.comparison.ab import package_changes
+from harness.comparison.ab import package_changes, packages_text
 from harness.io import write_text
 
 PAGE = "index.md"
@@ -73,7 +73,7 @@ def page(record: dict) -> str:
              for label, arm in record["arms"].items() for name, e in arm.get("envs", {}).items()]
     changed = package_changes(record)
     arms += ["", "Packages that differ between the arms' environments (A -> B): "
-             + ", ".join(f"{k} {va} -> {vb}" for k, (va, vb) in changed.items())] if changed else []
+             + packages_text(changed)] if changed else []
     decided = record.get("decided_on", "tokens/s")
     basis = (f"Decided on {decided}: each step's tokens/s times the machine-speed probe timed right after it, so "
              "that the shared machine's drift, which slows the probe with the step, cancels; a slower line in the "
